@@ -1,0 +1,63 @@
+"""Acceptance metrics from raw counts: the one place τ is computed (verify, benchmark, gate).
+
+τ (acceptance length) counts the bonus token: each verify step yields its accepted drafts plus one
+token from the target, so τ = Σ(accepted + 1) / Σ verify steps. τ = 1 means no speedup; chain
+drafting with k steps has τ ≤ k + 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AcceptStats:
+    """Accept counts: `histogram[j]` = verify steps that accepted exactly j drafts."""
+    num_steps: int
+    histogram: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.histogram:
+            self.histogram = [0] * (self.num_steps + 1)
+
+    def add(self, accepted: int) -> None:
+        self.histogram[accepted] += 1
+
+    def merge(self, other: AcceptStats) -> None:
+        for j, c in enumerate(other.histogram):
+            self.histogram[j] += c
+
+    @property
+    def verify_steps(self) -> int:
+        return sum(self.histogram)
+
+    @property
+    def accepted_drafts(self) -> int:
+        return sum(j * c for j, c in enumerate(self.histogram))
+
+    @property
+    def tau(self) -> float:
+        return acceptance_length(self.accepted_drafts, self.verify_steps)
+
+    @property
+    def per_position(self) -> list[float]:
+        """P(draft position i accepted), i = 0..k-1: verify steps with more than i accepted / all."""
+        n = self.verify_steps
+        return [sum(self.histogram[i + 1:]) / n if n else 0.0 for i in range(self.num_steps)]
+
+    def to_dict(self) -> dict:
+        return {"acceptance_length": self.tau, "per_position_acceptance": self.per_position,
+                "verify_steps": self.verify_steps, "accepted_drafts": self.accepted_drafts,
+                "accept_histogram": list(self.histogram), "num_steps": self.num_steps}
+
+
+def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:
+    """τ = (accepted drafts + one bonus token per verify step) / verify steps."""
+    return (accepted_drafts + verify_steps) / verify_steps if verify_steps else 0.0
+
+
+def acceptance_length_from_requests(requests: list[dict]) -> float:
+    """τ over finished requests from SGLang meta_info: Σ(correct + verify_ct) / Σ verify_ct."""
+    correct = sum(int(r["spec_num_correct_drafts"]) for r in requests)
+    verify = sum(int(r["spec_verify_ct"]) for r in requests)
+    return acceptance_length(correct, verify)
