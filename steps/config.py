@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from steps.layers import check_capturable, default_aux_layer_ids
+
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -28,7 +30,9 @@ class ConfigError(ValueError):
 
 def parse_size(value: int | str) -> int:
     """`"1.8TB"` / `"512MiB"` / `1000` → bytes."""
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"not a size: {value!r} (a byte count cannot be negative)")
         return value
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
     if not m or m.group(2).upper() not in SIZE_UNITS:
@@ -258,14 +262,12 @@ class PipelineConfig(Section):
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
         t = self.target
-        if t.num_hidden_layers is not None and self.extract.aux_layer_ids is not None:
-            for i in self.extract.aux_layer_ids:
-                if not 1 <= i <= t.num_hidden_layers - 1:
-                    raise ValueError(
-                        f"extract.aux_layer_ids contains {i}; with target.num_hidden_layers="
-                        f"{t.num_hidden_layers} ids must be in [1, {t.num_hidden_layers - 1}] "
-                        "(internal convention: HF hidden_states index; the last layer's output "
-                        "cannot be captured by SGLang)")
+        if t.num_hidden_layers is not None and self.extract.aux_layer_ids:
+            try:
+                check_capturable(list(self.extract.aux_layer_ids), t.num_hidden_layers)
+            except ValueError as err:
+                raise ValueError(f"extract.aux_layer_ids with target.num_hidden_layers={t.num_hidden_layers}: "
+                                 f"{err}") from None
         if t.vocab_size is not None and self.mapping.draft_vocab_size > t.vocab_size:
             raise ValueError(f"mapping.draft_vocab_size={self.mapping.draft_vocab_size} exceeds "
                              f"target.vocab_size={t.vocab_size}")
@@ -281,23 +283,17 @@ class PipelineConfig(Section):
 
 # --- derived values ---------------------------------------------------------------------------------
 
-def default_aux_layer_ids(num_hidden_layers: int) -> list[int]:
-    """EAGLE-3's default capture points in the internal convention: `[2, N//2, N-3]`."""
-    n = num_hidden_layers
-    if n < 4:
-        raise ValueError(f"a target with {n} layers is too shallow for EAGLE-3 aux capture (need ≥4)")
-    return sorted({2, n // 2, n - 3})
-
-
 def resolve_aux_layer_ids(cfg: PipelineConfig, num_hidden_layers: int) -> list[int]:
     """The aux layer ids actually captured (internal convention), validated against the target."""
-    ids = list(cfg.extract.aux_layer_ids or default_aux_layer_ids(num_hidden_layers))
-    if ids != sorted(set(ids)):
-        raise ConfigError(f"extract.aux_layer_ids={ids} must be ascending and unique")
-    bad = [i for i in ids if not 1 <= i <= num_hidden_layers - 1]
-    if bad:
-        raise ConfigError(f"extract.aux_layer_ids={ids}: {bad} out of range [1, {num_hidden_layers - 1}] "
-                          f"for a {num_hidden_layers}-layer target")
+    configured = cfg.extract.aux_layer_ids
+    if configured is not None and not configured:
+        raise ConfigError("extract.aux_layer_ids=[] captures nothing; leave it unset for the default "
+                          "[2, N//2, N-3]")
+    try:
+        ids = list(configured) if configured is not None else default_aux_layer_ids(num_hidden_layers)
+        check_capturable(ids, num_hidden_layers)
+    except ValueError as err:
+        raise ConfigError(f"extract.aux_layer_ids: {err}") from None
     return ids
 
 
@@ -352,7 +348,10 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
         elif e["type"] == "missing":
             lines.append(f"  - {field}: required field is missing")
         else:
-            lines.append(f"  - {field}: {e['msg']} (got {e.get('input')!r})")
+            msg = e["msg"].removeprefix("Value error, ")
+            # A cross-field rule's input is a whole section; echoing it buries the message.
+            got = "" if isinstance(e.get("input"), dict) else f" (got {e.get('input')!r})"
+            lines.append(f"  - {field}: {msg}{got}")
     return "\n".join(lines)
 
 

@@ -29,17 +29,32 @@ def from_engine(engine_ids: list[int], engine: str) -> list[int]:
     raise KeyError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
 
 
-def sglang_default_ids(num_hidden_layers: int) -> list[int]:
-    """What SGLang captures when `eagle_config` names no ids (internal convention)."""
+def default_aux_layer_ids(num_hidden_layers: int) -> list[int]:
+    """EAGLE-3's default capture points, internal convention: `[2, N//2, N-3]`.
+
+    SGLang, vLLM and the EAGLE repo use the same loop indices when a draft names no ids, so this is
+    also what a server captures for a draft whose config omits them.
+    """
     n = num_hidden_layers
-    return [2, n // 2, n - 3]
+    ids = [2, n // 2, n - 3]
+    if n < 4 or len(set(ids)) < 3:
+        raise ValueError(f"a target with {n} layers is too shallow for the default EAGLE-3 aux layers "
+                         f"{ids} (need 3 distinct ids, N ≥ 7); set extract.aux_layer_ids explicitly")
+    return ids
+
+
+#: the name used where the question is "what does the server capture by default".
+sglang_default_ids = default_aux_layer_ids
 
 
 def check_capturable(layer_ids: list[int], num_hidden_layers: int) -> None:
-    """Raise if an id cannot be captured by a serving engine (the last layer's output never is)."""
+    """Raise if ids are unordered, repeated or not capturable (the last layer's output never is)."""
+    if not layer_ids:
+        raise ValueError("aux layer ids [] capture nothing")
     if layer_ids != sorted(set(layer_ids)):
         raise ValueError(f"aux layer ids {layer_ids} must be ascending and unique")
     bad = [i for i in layer_ids if not 1 <= i <= num_hidden_layers - 1]
     if bad:
-        raise ValueError(f"aux layer ids {bad} (internal convention) are outside [1, {num_hidden_layers - 1}] "
-                         f"for a {num_hidden_layers}-layer target; the last layer's output cannot be captured")
+        raise ValueError(f"aux layer ids {layer_ids}: {bad} out of range [1, {num_hidden_layers - 1}] "
+                         f"(internal convention) for a {num_hidden_layers}-layer target; "
+                         "the last layer's output cannot be captured")

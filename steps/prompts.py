@@ -179,7 +179,8 @@ def _turns_from_row(row: Any, where: str) -> list[dict[str, str]]:
     turns = []
     for i, t in enumerate(items):
         if not isinstance(t, dict) or not isinstance(t.get(role_key), str) or not isinstance(t.get(text_key), str):
-            raise _row_error(where, f"{field}[{i}]", f"expected {{{role_key!r}: str, {text_key!r}: str}}, got {t!r:.80}")
+            raise _row_error(where, f"{field}[{i}]",
+                             f"expected {{{role_key!r}: str, {text_key!r}: str}}, got {t!r:.80}")
         role = SHAREGPT_ROLES.get(t[role_key].lower()) if field == "conversations" else t[role_key]
         if role not in CHAT_ROLES:
             raise _row_error(where, f"{field}[{i}].{role_key}", f"unknown role {t[role_key]!r} (use {CHAT_ROLES})")

@@ -21,15 +21,18 @@ import shutil
 import subprocess
 import tempfile
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 CODE_VERSION = "0.1.0"
 #: bumped when a change makes earlier artifacts of the same config wrong to reuse.
 ID_SCHEMA = 1
 MANIFEST = "manifest.json"
+#: per-artifact folder of upload records that make early uploads visible to a resumed writer.
+PARTIAL = ".partial"
 
 
 class ArtifactError(RuntimeError):
@@ -50,6 +53,8 @@ def canonical_json(obj: Any) -> str:
 
 def artifact_id(kind: str, config: Any, inputs: dict[str, str] | None = None) -> str:
     """Content address of an artifact: 16 hex of sha256(kind, id schema, config, inputs)."""
+    if hasattr(config, "model_dump"):  # a pydantic section: hash its values, not its repr
+        config = config.model_dump(mode="json")
     blob = canonical_json({"kind": kind, "schema": ID_SCHEMA, "config": config, "inputs": inputs or {}})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -65,7 +70,24 @@ def code_version() -> str:
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def is_data_file(rel: str) -> bool:
+    """True for an artifact's data files; false for the manifest, `.partial/` records and temp files."""
+    parts = rel.split("/")
+    return rel != MANIFEST and not any(part.startswith(".") for part in parts)
+
+
+def _remove_empty_dirs(top: Path | None) -> None:
+    """Remove `top` and its sub-folders if they hold no files (a local store's spent `.partial/`)."""
+    if top is None or not top.is_dir():
+        return
+    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
+    if not any(top.iterdir()):
+        top.rmdir()
 
 
 # --- backends ---------------------------------------------------------------------------------------
@@ -145,6 +167,7 @@ class S3Backend:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.endpoint_url = endpoint_url
         self.client = boto3.client("s3", endpoint_url=endpoint_url)
+        self._bucket_seen = False
 
     def _k(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -157,8 +180,16 @@ class S3Backend:
 
     def get_file(self, key: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
+        from botocore.exceptions import ClientError
+
         tmp = local.with_name(f".{local.name}.part")
-        self.client.download_file(self.bucket, self._k(key), str(tmp))
+        try:
+            self.client.download_file(self.bucket, self._k(key), str(tmp))
+        except ClientError as err:
+            tmp.unlink(missing_ok=True)
+            if err.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(f"s3://{self.bucket}/{self._k(key)}") from err
+            raise
         os.replace(tmp, local)
 
     def get_bytes(self, key: str) -> bytes | None:
@@ -178,8 +209,26 @@ class S3Backend:
             return self.client.head_object(Bucket=self.bucket, Key=self._k(key))["ContentLength"]
         except ClientError as err:
             if err.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
+                self._check_bucket()
                 return None
             raise
+
+    def _check_bucket(self) -> None:
+        """A HEAD 404 does not say whether the key or the bucket is missing: ask once, so a typo'd
+        bucket is an error and not an empty store whose steps all start from scratch."""
+        if self._bucket_seen:
+            return
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as err:
+            if err.response["Error"]["Code"] in ("NoSuchBucket", "404", "NotFound"):
+                raise ArtifactError(f"s3://{self.bucket}: no such bucket at "
+                                    f"{self.endpoint_url or 'the default AWS endpoint'}; create it or fix "
+                                    "the store URI") from None
+            raise
+        self._bucket_seen = True
 
     def list(self, prefix: str) -> list[str]:
         out: list[str] = []
@@ -217,9 +266,24 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
-        data = json.loads(text)
-        return cls(**{k: data.get(k, v.default if not callable(v.default_factory) else v.default_factory())
-                      for k, v in cls.__dataclass_fields__.items()})
+        """Parse a manifest; unknown keys are ignored (newer writers), missing required ones raise."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ArtifactError(f"manifest is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ArtifactError(f"manifest must be a JSON object, got {type(data).__name__}")
+        values: dict[str, Any] = {}
+        for name, f in cls.__dataclass_fields__.items():
+            if name in data:
+                values[name] = data[name]
+            elif f.default is not MISSING:
+                values[name] = f.default
+            elif f.default_factory is not MISSING:
+                values[name] = f.default_factory()
+            else:
+                raise ArtifactError(f"manifest has no {name!r} field (expected {sorted(cls.__dataclass_fields__)})")
+        return cls(**values)
 
     def file(self, path: str) -> dict[str, Any]:
         for f in self.files:
@@ -272,7 +336,7 @@ class ArtifactWriter:
             raise ArtifactError(f"upload of {self.key}/{rel}: {landed} bytes landed, expected {size}")
         rec = {"path": rel, "size": size, "sha256": digest, **(extra or {})}
         # A sidecar makes the upload visible to a resumed run before the manifest exists.
-        self.store.backend.put_bytes(f"{self.key}/.partial/{rel}.json", json.dumps(rec).encode())
+        self.store.backend.put_bytes(f"{self.key}/{PARTIAL}/{rel}.json", json.dumps(rec).encode())
         self._uploaded[rel] = rec
         if delete_local and self.store.backend.local_path(f"{self.key}/{rel}") != local.resolve():
             local.unlink()
@@ -281,8 +345,8 @@ class ArtifactWriter:
     def commit(self, *, metrics: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> Manifest:
         """Upload remaining staged files, then write the manifest (last)."""
         for p in sorted(self.staging.rglob("*")):
-            rel = str(p.relative_to(self.staging))
-            if p.is_file() and rel not in self._uploaded and not p.name.startswith("."):
+            rel = p.relative_to(self.staging).as_posix()
+            if p.is_file() and rel not in self._uploaded and is_data_file(rel):
                 self.upload(rel)
         m = self.manifest
         m.files = sorted(({k: v for k, v in r.items() if k in ("path", "size", "sha256")}
@@ -293,7 +357,8 @@ class ArtifactWriter:
         m.code_version = code_version()
         self.store.backend.put_bytes(f"{self.key}/{MANIFEST}", m.to_json().encode())
         for rel in list(self._uploaded):
-            self.store.backend.delete(f"{self.key}/.partial/{rel}.json")
+            self.store.backend.delete(f"{self.key}/{PARTIAL}/{rel}.json")
+        _remove_empty_dirs(self.store.backend.local_path(f"{self.key}/{PARTIAL}"))
         return m
 
 
@@ -320,15 +385,19 @@ class Store:
         if raw is None:
             raise ArtifactError(f"no artifact {kind}/{art_id} in {self.uri} (no manifest: missing "
                                 "or not finished; re-run the step that makes it)")
-        return Manifest.from_json(raw.decode())
+        try:
+            return Manifest.from_json(raw.decode())
+        except (ArtifactError, UnicodeDecodeError) as err:
+            raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{MANIFEST}: {err} (corrupt; re-run the "
+                                "step that makes it)") from None
 
     def list(self, kind: str) -> list[str]:
-        ids = {k.split("/")[2] for k in self.backend.list(f"artifacts/{kind}/") if k.endswith(f"/{MANIFEST}")}
-        return sorted(ids)
+        keys = (k.split("/") for k in self.backend.list(f"artifacts/{kind}/"))
+        return sorted({parts[2] for parts in keys if len(parts) == 4 and parts[3] == MANIFEST})
 
     def partial_files(self, kind: str, art_id: str) -> list[dict[str, Any]]:
         """Files uploaded by an unfinished run of this artifact (for resume)."""
-        prefix = f"{self.key(kind, art_id)}/.partial/"
+        prefix = f"{self.key(kind, art_id)}/{PARTIAL}/"
         out = []
         for k in self.backend.list(prefix):
             raw = self.backend.get_bytes(k)
@@ -345,19 +414,36 @@ class Store:
         rec = m.file(rel)
         key = f"{self.key(kind, art_id)}/{rel}"
         local = self.backend.local_path(key)
-        if local is None:
-            local = self.cache_dir / kind / art_id / rel
-            if not (local.is_file() and local.stat().st_size == rec["size"]):
-                self.backend.get_file(key, local)
-        if not local.is_file():
-            raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{rel}: listed in the manifest but missing")
-        if local.stat().st_size != rec["size"]:
-            raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{rel}: size {local.stat().st_size} "
-                                f"!= manifest {rec['size']} (corrupt or overwritten; re-run the step)")
-        if verify and sha256_file(local) != rec["sha256"]:
-            raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{rel}: sha256 does not match the "
-                                "manifest (corrupt or overwritten; re-run the step)")
+        if local is not None:
+            self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
+            return local
+        local = self.cache_dir / kind / art_id / rel
+        cached = local.is_file() and local.stat().st_size == rec["size"]
+        if cached:
+            try:
+                self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
+                return local
+            except ArtifactError:
+                pass  # a stale cached copy (another store, a killed download): fetch it again
+        try:
+            self.backend.get_file(key, local)
+        except FileNotFoundError:
+            raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{rel}: listed in the manifest but "
+                                "missing from the store (deleted or never uploaded; re-run the step)") from None
+        self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
         return local
+
+    @staticmethod
+    def _check_file(local: Path, rec: dict[str, Any], where: str, verify: bool) -> None:
+        """Raise unless `local` has the manifest's size (and sha256 when `verify`)."""
+        if not local.is_file():
+            raise ArtifactError(f"{where}: listed in the manifest but missing")
+        if local.stat().st_size != rec["size"]:
+            raise ArtifactError(f"{where}: size {local.stat().st_size} != manifest {rec['size']} "
+                                "(corrupt or overwritten; re-run the step)")
+        if verify and sha256_file(local) != rec["sha256"]:
+            raise ArtifactError(f"{where}: sha256 does not match the manifest (corrupt or overwritten; "
+                                "re-run the step)")
 
     def fetch(self, kind: str, art_id: str, *, verify: bool = True) -> Path:
         """A verified local directory holding the whole artifact."""
@@ -412,7 +498,13 @@ def open_store(uri: str | None = None, *, cache_dir: str | Path | None = None,
     cache = Path(cache_dir or os.environ.get("EAGLENEST_CACHE") or Path(tempfile.gettempdir()) / "eaglenest-cache")
     parsed = urlparse(uri)
     if parsed.scheme == "file":
-        root = Path((parsed.netloc + parsed.path) if parsed.netloc else parsed.path)
+        # file://out/store parses as host "out" + path "/store": a relative folder. file://localhost/x
+        # is the RFC 8089 spelling of the absolute file:///x.
+        netloc = "" if parsed.netloc == "localhost" else parsed.netloc
+        root_text = netloc + parsed.path
+        if not root_text:
+            raise ValueError(f"store URI {uri!r}: file:// needs a folder (file://out/store or file:///abs/path)")
+        root = Path(root_text)
         root.mkdir(parents=True, exist_ok=True)
         return Store(f"file://{root.resolve()}", FileBackend(root), cache)
     if parsed.scheme == "s3":

@@ -1,0 +1,447 @@
+"""Extract: the target's aux and final hidden states for every dataset token, in rounds under a disk budget.
+
+Reads a `target` artifact and a `dataset` artifact (tokenized conversations with loss masks);
+writes a `hidden` artifact of shards (`steps/shards.py`), each holding whole sequences.
+
+Hidden states are huge (a 7168-wide target in bf16 costs 57 KB per token with three aux layers),
+so F8 is the failure this step exists to prevent: 21M tokens filled 924 GB and 5× more data could
+not fit a 1.8 TB disk. Extraction therefore runs in rounds: a round is as many shards as fit in
+`extract.disk_budget` of local bytes; each round is extracted, written, uploaded, verified in the
+store and deleted locally before the next begins. Peak local bytes are measured on disk (real
+file sizes, not estimates) and recorded in the manifest. A shard is the unit of resume: shard i
+always holds the same sequences, an uploaded shard is never recomputed, and a killed run loses at
+most the round in flight.
+
+The captured layers are recorded in the internal convention (F4: HF `hidden_states` index,
+i = input of decoder layer i); the `sglang` backend converts to SGLang's ids (internal − 1)
+through `steps/layers.py` and refuses a server that captures other layers.
+
+    python -m steps.extract --config configs/tiny.yaml --target ID --dataset ID [--store URI] [--set k=v]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from tqdm import tqdm
+
+from steps import layers
+from steps.config import PipelineConfig, resolve_aux_layer_ids
+from steps.shards import bytes_per_token, shard_bytes_bound, write_shard
+from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
+from steps.target import load_target, target_config
+
+log = logging.getLogger("eaglenest.extract")
+
+#: extract fields that change no byte of the output: the same shards are reused whatever the
+#: budget, or wherever the server runs (a resumed run may raise the budget and keep its shards).
+NOT_IN_ID = ("disk_budget", "server_url")
+SHARD_PATH = "shards/shard-{:05d}.safetensors"
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+def read_sequences(store: Store, dataset_id: str, max_length: int) -> list[dict[str, list[int]]]:
+    """Every conversation of the dataset, in order, truncated to `max_length` tokens."""
+    from steps.datagen import read_conversations
+
+    out = []
+    for row in read_conversations(store, dataset_id):
+        ids, mask = row["input_ids"][:max_length], row["loss_mask"][:max_length]
+        if len(ids) != len(mask):
+            raise ValueError(f"dataset {dataset_id}, conversation {row.get('id')!r}: input_ids has "
+                             f"{len(row['input_ids'])} tokens but loss_mask {len(row['loss_mask'])}; "
+                             "re-run datagen")
+        if ids:
+            out.append({"input_ids": list(ids), "loss_mask": [int(m) for m in mask]})
+    if not out:
+        raise ValueError(f"dataset {dataset_id}: no conversations with tokens; nothing to extract")
+    return out
+
+
+# --- planning -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShardPlan:
+    index: int
+    sequences: tuple[int, ...]   # indices into the dataset's sequence list
+    tokens: int
+    bytes_bound: int             # an upper bound on the file's size
+
+    @property
+    def path(self) -> str:
+        return SHARD_PATH.format(self.index)
+
+
+def plan_shards(lengths: list[int], shard_tokens: int, *, hidden_size: int, num_aux: int,
+                storage_dtype: str) -> list[ShardPlan]:
+    """Cut the sequence list, in order, into shards of about `shard_tokens` tokens (whole sequences).
+
+    Deterministic in (lengths, shard_tokens): shard i of a resumed run holds the same sequences.
+    A sequence longer than `shard_tokens` gets a shard of its own.
+    """
+    groups: list[list[int]] = [[]]
+    tokens = 0
+    for i, n in enumerate(lengths):
+        if groups[-1] and tokens + n > shard_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(i)
+        tokens += n
+    plans = []
+    for k, seqs in enumerate(groups):
+        t = sum(lengths[i] for i in seqs)
+        plans.append(ShardPlan(k, tuple(seqs), t, shard_bytes_bound(
+            t, len(seqs), hidden_size=hidden_size, num_aux=num_aux, storage_dtype=storage_dtype)))
+    return plans
+
+
+def plan_rounds(shards: list[ShardPlan], disk_budget_bytes: int) -> list[list[ShardPlan]]:
+    """Group shards into rounds whose summed size bound fits the disk budget (F8)."""
+    too_big = max(shards, key=lambda s: s.bytes_bound)
+    if too_big.bytes_bound > disk_budget_bytes:
+        raise ValueError(
+            f"extract.disk_budget={disk_budget_bytes} bytes cannot hold even one shard: shard "
+            f"{too_big.index} ({too_big.tokens} tokens) needs up to {too_big.bytes_bound} bytes. "
+            f"Raise extract.disk_budget to at least {too_big.bytes_bound}, or lower extract.shard_tokens "
+            f"(or extract.max_length, which bounds a single sequence)")
+    rounds: list[list[ShardPlan]] = [[]]
+    used = 0
+    for s in shards:
+        if rounds[-1] and used + s.bytes_bound > disk_budget_bytes:
+            rounds.append([])
+            used = 0
+        rounds[-1].append(s)
+        used += s.bytes_bound
+    return [r for r in rounds if r]
+
+
+# --- backends -----------------------------------------------------------------------------------
+
+class CaptureBackend(Protocol):
+    """Runs the target over whole sequences and returns, per sequence, (aux [L, A*H], final [L, H])."""
+
+    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+class LocalBackend:
+    """In-process forward with hooks on exactly the layers needed (no `output_hidden_states`).
+
+    A forward PRE-hook on decoder layer i sees its input, which is HF `hidden_states[i]` (the
+    internal id i); a hook on the final norm sees HF `hidden_states[-1]`. Materialising all N+1
+    hidden states would cost N/A times the memory for nothing. Only the base model runs, so the
+    [B, S, vocab] logits are never computed either.
+    """
+
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int], *, pad_token_id: int = 0):
+        self.model, self.layer_ids, self.pad = model.eval(), list(layer_ids), pad_token_id
+        self.base = model.base_model
+        self.device = next(model.parameters()).device
+        self._seen: dict[Any, torch.Tensor] = {}
+        decoder_layers, norm = self.base.layers, getattr(self.base, "norm", None)
+        if norm is None:
+            raise ValueError(f"{type(model).__name__}: no final norm at base_model.norm; the local "
+                             "backend knows Llama-style models (use extract.backend=sglang)")
+        for i in self.layer_ids:
+            decoder_layers[i].register_forward_pre_hook(self._keep_input(i), with_kwargs=True)
+        norm.register_forward_hook(self._keep_output)
+
+    def _keep_input(self, i: int):
+        def hook(module, args, kwargs):
+            # The residual stream is never modified in place by HF decoder layers: no copy needed.
+            self._seen[i] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _keep_output(self, module, args, output) -> None:
+        self._seen["final"] = output
+
+    @torch.inference_mode()
+    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        lengths = [len(s) for s in batch_input_ids]
+        width = max(lengths)
+        # Right padding: real tokens keep positions 0..L-1 and, being causal, never see the pads.
+        ids = torch.full((len(lengths), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(lengths), width), dtype=torch.long)
+        for b, seq in enumerate(batch_input_ids):
+            ids[b, :len(seq)] = torch.tensor(seq)
+            mask[b, :len(seq)] = 1
+        self._seen.clear()
+        self.base(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
+        aux = torch.cat([self._seen[i] for i in self.layer_ids], dim=-1)   # [B, S, A*H]
+        final = self._seen["final"]                                        # [B, S, H]
+        self._seen.clear()
+        return [(aux[b, :n].float().cpu(), final[b, :n].float().cpu()) for b, n in enumerate(lengths)]
+
+
+class SGLangBackend:
+    """A client for SGLang 0.5.23 servers of the target (how a TP=8 target is extracted).
+
+    Contract relied on (reference/sglang.md §2.2, §8 item 6), per server:
+    - aux server, launched with `--enable-return-aux-hidden-states --speculative-algorithm EAGLE3
+      --return-aux-hidden-state-layer-ids <layers.to_engine(layer_ids, "sglang")>
+      --disable-radix-cache`. `POST /generate {"input_ids": [[...], ...], "sampling_params":
+      {"max_new_tokens": 1, "temperature": 0}, "return_hidden_states": true}` answers one object
+      per sequence whose `meta_info.hidden_states` is a list with one entry per forward pass: entry
+      0 is the prefill, `[L, A*H]` = the aux states concatenated in ascending layer order. With
+      max_new_tokens=1 the generated token is never forwarded, so there is exactly that entry.
+      SGLang's ids name "output of layer k" and it captures k+1: ids = internal − 1 (F4).
+    - final server, launched with `--enable-return-hidden-states` (no aux capture): the same
+      request answers `[L, H]`, the hidden state SGLang hands its logits processor, i.e. after the
+      final norm = HF `hidden_states[-1]`.
+    The aux response does NOT carry the final hidden state, and the final one cannot be captured
+    as an aux layer (the last layer's output is never entered by a later layer), hence two servers
+    (or one server relaunched between two passes over the data).
+    The radix cache must be off: a cached prefix is not recomputed and its rows would be missing
+    (checked per request: rows must equal L).
+    """
+
+    def __init__(self, aux_url: str, final_url: str | None, layer_ids: list[int], *, timeout_s: float = 600.0):
+        if not final_url:
+            raise ValueError("extract.backend=sglang needs two servers: extract.server_url (launched with "
+                             "--enable-return-aux-hidden-states) and a final-hidden server (launched with "
+                             "--enable-return-hidden-states), because SGLang's aux response does not carry "
+                             "the final hidden state")
+        self.aux_url, self.final_url = aux_url.rstrip("/"), final_url.rstrip("/")
+        self.layer_ids, self.timeout_s = list(layer_ids), timeout_s
+        self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang")
+
+    def check_server(self, num_hidden_layers: int) -> None:
+        """Refuse an aux server that captures other layers than the ones recorded (F4)."""
+        info = self._get(f"{self.aux_url}/server_info")
+        ids = info.get("return_aux_hidden_state_layer_ids")
+        if ids is None:  # the server captures the model's EAGLE-3 defaults
+            captured = layers.sglang_default_ids(num_hidden_layers)
+        else:
+            captured = layers.from_engine(list(ids), "sglang")
+        if captured != self.layer_ids:
+            raise ValueError(
+                f"SGLang server {self.aux_url} captures internal layers {captured} "
+                f"(--return-aux-hidden-state-layer-ids={ids}), but extract records {self.layer_ids}; "
+                f"relaunch it with --return-aux-hidden-state-layer-ids "
+                f"{' '.join(map(str, self.sglang_layer_ids))} (SGLang ids = internal − 1)")
+
+    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        aux = self._prefill_hidden(self.aux_url, batch_input_ids)
+        final = self._prefill_hidden(self.final_url, batch_input_ids)
+        return list(zip(aux, final, strict=True))
+
+    def _prefill_hidden(self, url: str, batch: list[list[int]]) -> list[torch.Tensor]:
+        body = {"input_ids": batch, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                "return_hidden_states": True}
+        outs = self._post(f"{url}/generate", body)
+        result = []
+        for seq, out in zip(batch, outs, strict=True):
+            states = out["meta_info"].get("hidden_states")
+            if not states:
+                raise ValueError(f"{url}/generate returned no meta_info.hidden_states; launch the server "
+                                 "with --enable-return-aux-hidden-states / --enable-return-hidden-states")
+            x = torch.tensor(states[0], dtype=torch.float32)
+            if x.shape[0] != len(seq):
+                raise ValueError(f"{url}/generate returned {x.shape[0]} hidden rows for {len(seq)} input "
+                                 "tokens; launch the server with --disable-radix-cache")
+            result.append(x)
+        return result
+
+    def _get(self, url: str) -> dict[str, Any]:
+        with urllib.request.urlopen(url, timeout=self.timeout_s) as r:
+            return json.loads(r.read())
+
+    def _post(self, url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+            out = json.loads(r.read())
+        return out if isinstance(out, list) else [out]
+
+
+def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int],
+                 num_hidden_layers: int) -> CaptureBackend:
+    if cfg.extract.backend == "sglang":
+        # The final-hidden server's URL is not in the schema yet: `extract.final_server_url`.
+        backend = SGLangBackend(str(cfg.extract.server_url), getattr(cfg.extract, "final_server_url", None),
+                                layer_ids)
+        backend.check_server(num_hidden_layers)
+        return backend
+    # fp32 on CPU (bf16 is ~20x slower on an AVX2 CPU), bf16 on CUDA.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model, tokenizer = load_target(store, target_id, device=device, dtype=dtype)
+    return LocalBackend(model, layer_ids, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)
+
+
+# --- rounds -------------------------------------------------------------------------------------
+
+class ScratchDir:
+    """Where shards wait for upload; `peak_bytes` is the largest total ever measured on disk."""
+
+    def __init__(self, root: Path):
+        # Leftovers of a killed run were never uploaded (or are uploaded already): drop them.
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        self.root, self.peak_bytes = root, 0
+
+    def measure(self) -> int:
+        used = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        self.peak_bytes = max(self.peak_bytes, used)
+        return used
+
+
+def extract_shard(backend: CaptureBackend, plan: ShardPlan, sequences: list[dict[str, list[int]]],
+                  path: Path, *, batch_size: int, layer_ids: list[int], storage_dtype: str) -> dict[str, int]:
+    """Capture one shard's sequences in batches and write it."""
+    seqs = [sequences[i] for i in plan.sequences]
+    aux, final = [], []
+    for start in range(0, len(seqs), batch_size):
+        for a, f in backend.capture([s["input_ids"] for s in seqs[start:start + batch_size]]):
+            aux.append(a)
+            final.append(f)
+    return write_shard(path, [s["input_ids"] for s in seqs], [s["loss_mask"] for s in seqs],
+                       torch.cat(aux), torch.cat(final), layer_ids=layer_ids, storage_dtype=storage_dtype)
+
+
+def upload_and_verify(writer: ArtifactWriter, plan: ShardPlan) -> dict[str, Any]:
+    """Upload a shard, check it landed whole, delete the local copy (F8)."""
+    rec = writer.upload(plan.path, delete_local=True,  # upload() checks the landed size
+                        extra={"tokens": plan.tokens, "sequences": len(plan.sequences)})
+    landed = writer.store.backend.local_path(f"{writer.key}/{plan.path}")
+    if landed is not None and sha256_file(landed) != rec["sha256"]:
+        raise ArtifactError(f"{writer.store.artifact_uri('hidden', writer.manifest.id)}/{plan.path}: "
+                            "sha256 of the uploaded copy differs from the local shard; re-run extract")
+    return rec
+
+
+def run_rounds(writer: ArtifactWriter, backend: CaptureBackend, rounds: list[list[ShardPlan]],
+               sequences: list[dict[str, list[int]]], scratch: ScratchDir, *, cfg: PipelineConfig,
+               layer_ids: list[int], total_tokens: int, done_tokens: int) -> dict[str, Any]:
+    """extract → write locally → upload → verify → delete, one round at a time."""
+    ex = cfg.extract
+    computed, computed_tokens, capture_s = 0, 0, 0.0
+    bar = tqdm(total=total_tokens, initial=done_tokens, unit="tok", desc="extract", file=sys.stderr)
+    for r, shards in enumerate(rounds):
+        for plan in shards:
+            t0 = time.perf_counter()
+            extract_shard(backend, plan, sequences, scratch.root / plan.path, batch_size=ex.batch_size,
+                          layer_ids=layer_ids, storage_dtype=ex.storage_dtype)
+            capture_s += time.perf_counter() - t0
+            scratch.measure()
+            computed += 1
+            computed_tokens += plan.tokens
+            bar.update(plan.tokens)
+        for plan in shards:
+            upload_and_verify(writer, plan)
+        log.info("extract round %d/%d: %d shards, %d tokens uploaded; local peak %d of %d bytes",
+                 r + 1, len(rounds), len(shards), sum(s.tokens for s in shards), scratch.peak_bytes,
+                 ex.disk_budget_bytes)
+    bar.close()
+    return {"rounds": len(rounds), "computed_shards": computed, "computed_tokens": computed_tokens,
+            "capture_s": capture_s}
+
+
+# --- the step -----------------------------------------------------------------------------------
+
+def begin_hidden(store: Store, cfg: PipelineConfig, art_id: str,
+                 inputs: dict[str, str]) -> tuple[ArtifactWriter, ScratchDir]:
+    """The artifact writer, staging in a scratch dir outside the store.
+
+    For a file:// store `store.begin` stages inside the store folder itself, where "upload" is a
+    no-op and local bytes could not be told from uploaded ones; staging apart keeps the budget
+    logic the same for file and s3 stores.
+    """
+    writer = store.begin("hidden", art_id, step="extract", inputs=inputs, config=cfg.extract)
+    scratch = ScratchDir(store.cache_dir / "extract-scratch" / art_id)
+    writer.staging = scratch.root
+    return writer, scratch
+
+
+def hidden_id(cfg: PipelineConfig, target_id: str, dataset_id: str) -> str:
+    """The `hidden` artifact id: the extract section (less what changes no byte) and the inputs."""
+    section = cfg.extract.model_dump(mode="json", exclude=set(NOT_IN_ID))
+    return artifact_id("hidden", section, {"target": target_id, "dataset": dataset_id})
+
+
+def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> Manifest:
+    """Extract aux + final hidden states of every dataset token into a `hidden` artifact."""
+    ex = cfg.extract
+    inputs = {"target": target_id, "dataset": dataset_id}
+    art_id = hidden_id(cfg, target_id, dataset_id)
+    if store.exists("hidden", art_id):
+        return store.manifest("hidden", art_id)
+    tcfg = target_config(store, target_id)
+    layer_ids = resolve_aux_layer_ids(cfg, tcfg["num_hidden_layers"])
+    sequences = read_sequences(store, dataset_id, ex.max_length)
+    plans = plan_shards([len(s["input_ids"]) for s in sequences], ex.shard_tokens,
+                        hidden_size=tcfg["hidden_size"], num_aux=len(layer_ids), storage_dtype=ex.storage_dtype)
+    plan_rounds(plans, ex.disk_budget_bytes)  # fail before any work if one shard cannot fit
+    writer, scratch = begin_hidden(store, cfg, art_id, inputs)
+    todo = [p for p in plans if not writer.has(p.path)]
+    total = sum(p.tokens for p in plans)
+    stats = {"rounds": 0, "computed_shards": 0, "computed_tokens": 0, "capture_s": 0.0}
+    if todo:
+        backend = make_backend(cfg, store, target_id, layer_ids, tcfg["num_hidden_layers"])
+        stats = run_rounds(writer, backend, plan_rounds(todo, ex.disk_budget_bytes), sequences, scratch,
+                           cfg=cfg, layer_ids=layer_ids, total_tokens=total,
+                           done_tokens=total - sum(p.tokens for p in todo))
+    shutil.rmtree(scratch.root, ignore_errors=True)
+    return writer.commit(metrics=extract_metrics(writer, plans, stats, scratch),
+                         meta=extract_meta(writer, plans, cfg, tcfg, layer_ids, stats, scratch))
+
+
+def extract_metrics(writer: ArtifactWriter, plans: list[ShardPlan], stats: dict[str, Any],
+                    scratch: ScratchDir) -> dict[str, Any]:
+    return {"tokens": sum(p.tokens for p in plans),
+            "bytes": sum(writer.uploaded(p.path)["size"] for p in plans),
+            "peak_local_bytes": scratch.peak_bytes,
+            "tokens_per_s": stats["computed_tokens"] / stats["capture_s"] if stats["capture_s"] else None}
+
+
+def extract_meta(writer: ArtifactWriter, plans: list[ShardPlan], cfg: PipelineConfig, tcfg: dict[str, Any],
+                 layer_ids: list[int], stats: dict[str, Any], scratch: ScratchDir) -> dict[str, Any]:
+    ex = cfg.extract
+    return {
+        "layer_ids": layer_ids, "hidden_size": tcfg["hidden_size"], "num_aux": len(layer_ids),
+        "num_hidden_layers": tcfg["num_hidden_layers"], "storage_dtype": ex.storage_dtype,
+        "bytes_per_token": bytes_per_token(tcfg["hidden_size"], len(layer_ids), ex.storage_dtype),
+        "tokens": sum(p.tokens for p in plans),
+        "sequences": sum(len(p.sequences) for p in plans),
+        "bytes": sum(writer.uploaded(p.path)["size"] for p in plans),
+        "shards": [{"path": p.path, "tokens": p.tokens, "sequences": len(p.sequences)} for p in plans],
+        "peak_local_bytes": scratch.peak_bytes, "disk_budget_bytes": ex.disk_budget_bytes,
+        "rounds": stats["rounds"],
+        "computed_shards": stats["computed_shards"],
+        "resumed_shards": len(plans) - stats["computed_shards"],
+        "backend": ex.backend,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from steps.cli import add_common_args, config_and_store
+
+    parser = argparse.ArgumentParser(prog="python -m steps.extract", description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    parser.add_argument("--target", required=True, help="target artifact id")
+    parser.add_argument("--dataset", required=True, help="dataset artifact id")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    cfg, store = config_and_store(args)
+    try:
+        m = run(cfg, store, args.target, args.dataset)
+    except (ValueError, ArtifactError) as err:  # a bad budget, dataset or server: the message says the fix
+        print(f"extract: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({"kind": m.kind, "id": m.id, "tokens": m.meta["tokens"], "shards": len(m.meta["shards"]),
+                      "peak_local_bytes": m.meta["peak_local_bytes"], "computed_shards": m.meta["computed_shards"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

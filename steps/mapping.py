@@ -1,0 +1,193 @@
+"""The draft vocabulary: `d2t` / `t2d`, built and validated here and nowhere else (F3).
+
+Reads: a `dataset` artifact (tokenized conversations with loss masks, `steps/datagen.py`).
+Writes: a `vocab` artifact, `vocab.safetensors` with
+    d2t  int64 [draft_vocab]   offsets: target_id = draft_id + d2t[draft_id]
+    t2d  bool  [target_vocab]  True where the target id is in the draft vocab
+and metrics `coverage` (fraction of loss-masked tokens inside the draft vocab) and `distinct_tokens`.
+
+The rule (EAGLE `scandata`, SpecForge, speculators agree): count target ids over the tokens the draft
+is trained to predict (loss mask 1), keep the `draft_vocab_size` most frequent (ties: lower id
+first), pad with the lowest unused ids when there are too few distinct tokens, sort ascending.
+F3 is a map stored as absolute ids instead of offsets, a float map, or a missing one: the server
+then maps draft ids to the wrong target tokens and acceptance is ≈1 with no error.
+`validate_vocab` refuses each of those with a message naming the fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from steps.store import Manifest, Store, artifact_id, open_store
+
+VOCAB_FILE = "vocab.safetensors"
+
+
+# --- build and validate -----------------------------------------------------------------------------
+
+def _counts_tensor(token_counts: Counter | Tensor, target_vocab: int) -> Tensor:
+    """Counts as a dense int64 tensor [target_vocab]; ids outside the vocab are an error."""
+    if isinstance(token_counts, Tensor):
+        counts = token_counts.to(torch.int64).flatten()
+        if counts.numel() != target_vocab:
+            raise ValueError(f"token counts have {counts.numel()} entries, expected target_vocab={target_vocab}")
+        return counts
+    bad = [t for t in token_counts if not 0 <= int(t) < target_vocab]
+    if bad:
+        raise ValueError(f"token ids {sorted(bad)[:5]} are outside the target vocab [0, {target_vocab}); "
+                         "the dataset was tokenized with a different tokenizer than the target's")
+    counts = torch.zeros(target_vocab, dtype=torch.int64)
+    if token_counts:
+        ids = torch.tensor(list(token_counts.keys()), dtype=torch.int64)
+        counts[ids] = torch.tensor(list(token_counts.values()), dtype=torch.int64)
+    return counts
+
+
+def build_vocab(token_counts: Counter | Tensor, target_vocab: int, draft_vocab: int) -> tuple[Tensor, Tensor]:
+    """Top-`draft_vocab` target ids by count (ties: lower id), padded with the lowest unused ids,
+    sorted ascending -> (d2t int64 [draft_vocab] offsets, t2d bool [target_vocab])."""
+    if not 0 < draft_vocab <= target_vocab:
+        raise ValueError(f"draft_vocab={draft_vocab} must be in [1, target_vocab={target_vocab}]")
+    counts = _counts_tensor(token_counts, target_vocab)
+    # stable sort of -count keeps ascending id order among equal counts: ties go to the lower id
+    order = torch.sort(-counts, stable=True).indices
+    seen = order[counts[order] > 0][:draft_vocab]
+    if len(seen) < draft_vocab:                     # too few distinct tokens: the lowest unused ids
+        unused = torch.ones(target_vocab, dtype=torch.bool)
+        unused[seen] = False
+        seen = torch.cat([seen, unused.nonzero().flatten()[: draft_vocab - len(seen)]])
+    used = torch.sort(seen).values
+    d2t = used - torch.arange(draft_vocab, dtype=torch.int64)
+    t2d = torch.zeros(target_vocab, dtype=torch.bool)
+    t2d[used] = True
+    return d2t, t2d
+
+
+def validate_vocab(d2t: Tensor | None, t2d: Tensor | None, target_vocab: int) -> None:
+    """Raise ValueError naming the F3 fault: missing, non-int64, absolute ids, out of range,
+    unsorted, or a t2d that disagrees with d2t."""
+    if d2t is None or t2d is None:
+        raise ValueError(f"vocab map is missing ({'d2t' if d2t is None else 't2d'} is None); a draft with "
+                         "a reduced vocab cannot be served without d2t (F3)")
+    if d2t.dtype != torch.int64:
+        raise ValueError(f"d2t has dtype {d2t.dtype}, expected int64 offsets (target = i + d2t[i]); a float "
+                         "or int32 map makes the server map draft ids to the wrong target tokens (F3)")
+    if t2d.dtype != torch.bool or t2d.ndim != 1 or t2d.numel() != target_vocab:
+        raise ValueError(f"t2d must be bool [{target_vocab}], got {t2d.dtype} {list(t2d.shape)}")
+    if d2t.ndim != 1 or not 0 < d2t.numel() <= target_vocab:
+        raise ValueError(f"d2t must be 1-D with 1..{target_vocab} entries, got shape {list(d2t.shape)}")
+    target = torch.arange(d2t.numel()) + d2t
+    out = ((target < 0) | (target >= target_vocab)).nonzero().flatten()
+    if len(out):
+        i = int(out[0])
+        raise ValueError(f"d2t[{i}]={int(d2t[i])} maps draft id {i} to target id {int(target[i])}, outside "
+                         f"[0, {target_vocab}); {len(out)} such ids. If d2t holds absolute target ids, store "
+                         "offsets instead: d2t = ids - arange(draft_vocab) (F3)")
+    if len(target) > 1 and not bool((target[1:] > target[:-1]).all()):
+        raise ValueError("i + d2t[i] is not strictly increasing: the draft vocab must be sorted ascending by "
+                         "target id (d2t looks like absolute ids, a frequency-ordered map or has duplicates; F3)")
+    if len(d2t) > 1 and torch.equal(t2d.nonzero().flatten(), d2t):
+        raise ValueError("d2t holds absolute target ids (d2t == t2d.nonzero()), expected offsets "
+                         "target = i + d2t[i]; store d2t = ids - arange(draft_vocab) (F3)")
+    if not torch.equal(t2d.nonzero().flatten(), target):
+        raise ValueError(f"t2d.nonzero() != arange + d2t: t2d marks {int(t2d.sum())} ids, d2t maps "
+                         f"{len(target)}; the two halves of the vocab map disagree (F3)")
+
+
+# --- counting over a dataset ------------------------------------------------------------------------
+
+def count_assistant_tokens(rows: Iterable[dict]) -> Counter:
+    """Counts of the target ids the draft learns to predict (loss_mask == 1)."""
+    counts: Counter = Counter()
+    for row in rows:
+        ids, mask = row["input_ids"], row["loss_mask"]
+        if len(ids) != len(mask):
+            raise ValueError(f"conversation {row.get('id')!r}: {len(ids)} input_ids but {len(mask)} loss_mask")
+        counts.update(t for t, m in zip(ids, mask, strict=True) if m)
+    return counts
+
+
+def _read_conversations(store: Store, dataset_id: str) -> Iterator[dict]:
+    try:
+        from steps.datagen import read_conversations
+    except ImportError:                             # datagen not present: read its documented layout
+        m = store.manifest("dataset", dataset_id)
+        for rec in sorted(m.files, key=lambda r: r["path"]):
+            if rec["path"].startswith("conversations/") and rec["path"].endswith(".jsonl"):
+                with open(store.fetch_file("dataset", dataset_id, rec["path"], m)) as f:
+                    yield from (json.loads(line) for line in f if line.strip())
+        return
+    yield from read_conversations(store, dataset_id)
+
+
+def coverage(counts: Counter, t2d: Tensor) -> float:
+    """Fraction of counted tokens that are inside the draft vocab."""
+    total = sum(counts.values())
+    return sum(c for t, c in counts.items() if t2d[t]) / total if total else 0.0
+
+
+# --- the step ---------------------------------------------------------------------------------------
+
+def _target_vocab_size(store: Store, target_id: str) -> int:
+    try:
+        from steps.target import target_config
+        return int(target_config(store, target_id)["vocab_size"])
+    except ImportError:
+        path = store.fetch_file("target", target_id, "config.json")
+        return int(json.loads(Path(path).read_text())["vocab_size"])
+
+
+def run(cfg, store: Store, dataset_id: str, target_id: str) -> Manifest:
+    """Count assistant tokens of the dataset, build and validate the map, write the vocab artifact."""
+    inputs = {"dataset": dataset_id, "target": target_id}
+    art_id = artifact_id("vocab", cfg.mapping.model_dump(mode="json"), inputs)
+    if store.exists("vocab", art_id):
+        return store.manifest("vocab", art_id)
+    target_vocab = _target_vocab_size(store, target_id)
+    counts = count_assistant_tokens(_read_conversations(store, dataset_id))
+    d2t, t2d = build_vocab(counts, target_vocab, cfg.mapping.draft_vocab_size)
+    validate_vocab(d2t, t2d, target_vocab)
+    writer = store.begin("vocab", art_id, step="mapping", inputs=inputs, config=cfg.mapping)
+    save_file({"d2t": d2t, "t2d": t2d}, str(writer.path(VOCAB_FILE)))
+    metrics = {"coverage": coverage(counts, t2d), "distinct_tokens": len(counts),
+               "assistant_tokens": sum(counts.values())}
+    return writer.commit(metrics=metrics, meta={"target_vocab": target_vocab,
+                                                "draft_vocab": cfg.mapping.draft_vocab_size})
+
+
+def load_vocab(store: Store, vocab_id: str) -> tuple[Tensor, Tensor]:
+    """(d2t, t2d) of a vocab artifact, validated."""
+    m = store.manifest("vocab", vocab_id)
+    tensors = load_file(str(store.fetch_file("vocab", vocab_id, VOCAB_FILE, m)))
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    target_vocab = int(m.meta.get("target_vocab", t2d.numel() if t2d is not None else 0))
+    validate_vocab(d2t, t2d, target_vocab)
+    return d2t, t2d
+
+
+def main(argv: list[str] | None = None) -> int:
+    from steps.config import find_config, load_config
+
+    p = argparse.ArgumentParser(prog="python -m steps.mapping", description="Build the draft vocab (d2t/t2d).")
+    p.add_argument("--config", required=True, help="config name (configs/<name>.yaml) or path")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override")
+    p.add_argument("--store", default=None, help="store URI (default: config's store)")
+    p.add_argument("--dataset", required=True, help="dataset artifact id")
+    p.add_argument("--target", required=True, help="target artifact id")
+    args = p.parse_args(argv)
+    cfg = load_config(find_config(args.config), args.set)
+    m = run(cfg, open_store(args.store or cfg.store), args.dataset, args.target)
+    print(json.dumps({"kind": m.kind, "id": m.id, "metrics": m.metrics}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,481 @@
+"""Training-time-test (TTT) training of the EAGLE-3 draft.
+
+Reads: a `hidden` artifact (aux + final hidden-state shards, `steps/shards.py`, streamed through a
+bounded local cache: F8), a `vocab` artifact (`d2t`/`t2d`, validated by `steps/mapping.py`: F3) and
+the `target` artifact (only its embedding and the lm_head rows of the draft vocab are read).
+Writes: a `draft` artifact: `model.safetensors` (canonical SGLang keys, fp32, with `d2t`/`t2d`),
+`draft_config.json` (the `DraftConfig`, the aux `layer_ids` in the internal convention (F4), the
+target's shape and context length (F5)) and `train_log.jsonl`.
+
+The unroll follows docs/ARCHITECTURE.md "Draft semantics", the contract the reference engine
+drafts with. Stream position p holds (token x[p+1], feature of p):
+  step 0   token x[p+1], feature = aux states f[p] (through fc), position id p;
+  step j   token x[p+1+j], feature = the draft's own out_hidden of step j-1 at p, position id p+j;
+           attends to the step-0 keys at positions <= p of the same sequence and to its own chain
+           keys of steps 1..j at p (the K/V of every step are computed once and kept in a
+           `DraftCache`, exactly as the engine keeps them);
+  loss     soft cross-entropy against softmax(target_lm_head(final[p+1+j])) over the draft vocab,
+           weighted step_decay**j, on positions where x[p+2+j] is an assistant token of the same
+           sequence that lies inside the draft vocab.
+The last condition stands in for "the target's argmax at p+1+j is in the draft vocab": the data is
+regenerated greedily by the target, so x[p+2+j] *is* that argmax, and checking it costs nothing
+where the exact check needs the full target head (49k rows for SmolLM2) at every position.
+
+Sequences are packed into rows of `max_length` (block-diagonal attention: no sequence sees
+another), rows into batches of ~`batch_tokens`. Checkpoints (model, AdamW, step, RNG) go into the
+artifact's staging folder every `checkpoint_every` steps; a re-run resumes from the latest one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from steps.config import PipelineConfig, parse_size, resolve_draft_shape, resolve_max_position_embeddings
+from steps.draft import DraftCache, DraftConfig, Eagle3Draft
+from steps.mapping import load_vocab, validate_vocab
+from steps.shards import read_shard
+from steps.store import LocalCache, Manifest, Store, artifact_id, open_store
+from steps.target import target_dir
+
+MODEL_FILE, CONFIG_FILE, LOG_FILE = "model.safetensors", "draft_config.json", "train_log.jsonl"
+CKPT_PREFIX = "checkpoint-"
+#: AdamW betas of EAGLE-3 / SpecForge draft training.
+BETAS = (0.9, 0.95)
+
+
+# --- inputs: target head, draft shape -----------------------------------------------------------------
+
+def read_target_head(tdir: Path, tcfg: dict[str, Any]) -> dict[str, Tensor]:
+    """The target's `embed_tokens.weight` and `lm_head.weight` (the embedding when tied), nothing else."""
+    index = tdir / "model.safetensors.index.json"
+    files = ({n: tdir / f for n, f in json.loads(index.read_text())["weight_map"].items()} if index.is_file()
+             else dict.fromkeys(_safetensors_keys(tdir / "model.safetensors"), tdir / "model.safetensors"))
+    tied = bool(tcfg.get("tie_word_embeddings", False))
+    out: dict[str, Tensor] = {}
+    for name, want in (("embed_tokens.weight", "model.embed_tokens.weight"), ("lm_head.weight", "lm_head.weight")):
+        if want not in files:
+            if name == "lm_head.weight" and tied:
+                out[name] = out["embed_tokens.weight"]
+                continue
+            raise KeyError(f"{tdir}: no tensor {want!r} in the target's safetensors "
+                           f"(tie_word_embeddings={tied}); is this a Llama-style HF checkpoint?")
+        with safe_open(str(files[want]), framework="pt") as f:
+            out[name] = f.get_tensor(want).float()
+    return out
+
+
+def _safetensors_keys(path: Path) -> list[str]:
+    with safe_open(str(path), framework="pt") as f:
+        return list(f.keys())
+
+
+def _rope_theta(tcfg: dict[str, Any]) -> float:
+    # transformers 5 writes rope_parameters: {"rope_theta": ...}; older configs a top-level rope_theta
+    params = tcfg.get("rope_parameters") or {}
+    return float(params.get("rope_theta", tcfg.get("rope_theta", 10000.0)))
+
+
+def draft_config(cfg: PipelineConfig, tcfg: dict[str, Any], num_aux: int, d2t: Tensor) -> DraftConfig:
+    shape = resolve_draft_shape(cfg, tcfg)
+    return DraftConfig(**shape, rms_norm_eps=float(tcfg.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(tcfg),
+                       max_position_embeddings=resolve_max_position_embeddings(cfg, tcfg),
+                       vocab_size=int(tcfg["vocab_size"]), draft_vocab_size=len(d2t),
+                       target_hidden_size=int(tcfg["hidden_size"]), num_aux=num_aux)
+
+
+# --- data: a deterministic plan of packed batches over every shard --------------------------------------
+
+@dataclass
+class Batch:
+    """Packed rows; `doc` numbers the sequences of a row (-1 = padding)."""
+    input_ids: Tensor     # [B, L] int64
+    loss_mask: Tensor     # [B, L] bool
+    doc: Tensor           # [B, L] int64
+    pos: Tensor           # [B, L] int64, position inside its sequence
+    aux: Tensor           # [B, L, A*Ht]
+    final: Tensor         # [B, L, Ht]
+
+    @property
+    def tokens(self) -> int:
+        return int((self.doc >= 0).sum())
+
+
+def shard_paths(hidden: Manifest) -> list[str]:
+    shards = hidden.meta.get("shards")
+    paths = [s["path"] for s in shards] if shards else [f["path"] for f in hidden.files
+                                                        if f["path"].startswith("shards/")]
+    if not paths:
+        raise ValueError(f"hidden artifact {hidden.id} lists no shards; re-run extract")
+    return sorted(paths)
+
+
+def pack(lengths: list[int], order: list[int], max_length: int) -> list[list[tuple[int, int]]]:
+    """First-fit packing of sequences (in `order`) into rows of `max_length`: [(seq, length), ...]."""
+    rows: list[list[tuple[int, int]]] = []
+    free: list[int] = []
+    for i in order:
+        n = min(lengths[i], max_length)            # longer sequences are truncated
+        r = next((k for k, f in enumerate(free) if f >= n), None)
+        if r is None:
+            rows.append([])
+            free.append(max_length)
+            r = len(rows) - 1
+        rows[r].append((i, n))
+        free[r] -= n
+    return rows
+
+
+def build_plan(shard_lengths: dict[str, list[int]], *, epochs: float, seed: int, max_length: int,
+               rows_per_batch: int) -> list[tuple[str, list[list[tuple[int, int]]]]]:
+    """Every batch of the run, in order: (shard, rows). Epoch e visits shards in a seeded order and
+    each shard's sequences in a seeded order; a fractional last epoch keeps its first batches."""
+    plan = []
+    names = sorted(shard_lengths)
+    for epoch in range(math.ceil(epochs)):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        epoch_plan = []
+        for s in torch.randperm(len(names), generator=g).tolist():
+            lengths = shard_lengths[names[s]]
+            rows = pack(lengths, torch.randperm(len(lengths), generator=g).tolist(), max_length)
+            epoch_plan += [(names[s], rows[k:k + rows_per_batch]) for k in range(0, len(rows), rows_per_batch)]
+        keep = len(epoch_plan) if epoch + 1 <= epochs else math.ceil((epochs - epoch) * len(epoch_plan))
+        plan += epoch_plan[:keep]
+    return plan
+
+
+def make_batch(shard: dict[str, Any], rows: list[list[tuple[int, int]]], max_length: int) -> Batch:
+    cu = shard["cu_seqlens"].tolist()
+    b, a, h = len(rows), shard["aux_hidden"].shape[-1], shard["final_hidden"].shape[-1]
+    ids = torch.zeros(b, max_length, dtype=torch.int64)
+    mask = torch.zeros(b, max_length, dtype=torch.bool)
+    doc = torch.full((b, max_length), -1, dtype=torch.int64)
+    pos = torch.zeros(b, max_length, dtype=torch.int64)
+    aux, final = torch.zeros(b, max_length, a), torch.zeros(b, max_length, h)
+    for r, row in enumerate(rows):
+        at = 0
+        for d, (seq, n) in enumerate(row):
+            src = slice(cu[seq], cu[seq] + n)
+            ids[r, at:at + n], mask[r, at:at + n] = shard["input_ids"][src], shard["loss_mask"][src].bool()
+            aux[r, at:at + n], final[r, at:at + n] = shard["aux_hidden"][src], shard["final_hidden"][src]
+            doc[r, at:at + n], pos[r, at:at + n] = d, torch.arange(n)
+            at += n
+    return Batch(ids, mask, doc, pos, aux, final)
+
+
+class ShardReader:
+    """Shards of a hidden artifact through a bounded local cache; counts what it read."""
+
+    def __init__(self, store: Store, hidden: Manifest, budget_bytes: int):
+        self.store, self.hidden, self.cache = store, hidden, LocalCache(budget_bytes)
+        self.read: set[str] = set()
+
+    def local(self, rel: str) -> Path:
+        path = self.store.fetch_file("hidden", self.hidden.id, rel, self.hidden)
+        remote = self.store.backend.local_path(f"{self.store.key('hidden', self.hidden.id)}/{rel}") is None
+        self.cache.admit(path, path.stat().st_size, owned=remote)   # evicts older copies (remote stores)
+        return path
+
+    def lengths(self, rel: str) -> list[int]:
+        with safe_open(str(self.local(rel)), framework="pt") as f:
+            return f.get_tensor("cu_seqlens").diff().tolist()
+
+    def load(self, rel: str) -> dict[str, Any]:
+        self.read.add(rel)
+        return read_shard(self.local(rel))
+
+
+# --- the training-time-test unroll and its loss ------------------------------------------------------------
+
+def _shift(x: Tensor, k: int, fill: int = 0) -> Tensor:
+    """x[:, p+k] at p (fill past the end). x: [B, L]."""
+    out = torch.full_like(x, fill)
+    out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+def ttt_masks(doc: Tensor, steps: int) -> list[Tensor]:
+    """Attention masks of the unroll: step j -> bool [B, 1, L, L*(j+1)] over the keys
+    [step-0 keys, chain keys of step 1, ..., step j]. Step-0 keys: same sequence and <= p; chain keys:
+    only position p itself. Every position sees at least itself (padding included: no empty rows)."""
+    b, length = doc.shape
+    causal = torch.ones(length, length, dtype=torch.bool, device=doc.device).tril()
+    eye = torch.eye(length, dtype=torch.bool, device=doc.device)
+    real = ((doc[:, :, None] == doc[:, None, :]) & causal) | eye            # [B, L, L]
+    chain = eye.expand(b, length, length)
+    return [torch.cat([real] + [chain] * j, dim=-1)[:, None] for j in range(steps)]
+
+
+def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int) -> Iterator[Tensor]:
+    """Yields out_hidden [B, L, H] of steps 0..steps-1 (K/V of each step computed once, cached)."""
+    cache = DraftCache()
+    masks = ttt_masks(batch.doc, steps)
+    feature = batch.aux                                                    # [B, L, A*Ht] -> fc
+    for j in range(steps):
+        same = _shift(batch.doc, 1 + j, -2) == batch.doc
+        tokens = torch.where(same, _shift(batch.input_ids, 1 + j), 0)       # x[p+1+j] inside the sequence
+        feature = model.forward_hidden(tokens, feature, batch.pos + j, cache, masks[j])
+        yield feature
+
+
+def loss_positions(batch: Batch, t2d: Tensor, steps: int) -> list[Tensor]:
+    """Step j -> bool [B, L]: x[p+2+j] is an assistant token of p's sequence inside the draft vocab."""
+    out = []
+    for j in range(steps):
+        k = 2 + j
+        ok = (_shift(batch.doc, k, -2) == batch.doc) & (batch.doc >= 0)
+        out.append(ok & _shift(batch.loss_mask, k, False) & t2d[_shift(batch.input_ids, k)])
+    return out
+
+
+def target_distributions(batch: Batch, head_rows: Tensor, valid: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """Target probs over the draft vocab (renormalised) at the rows some step needs.
+    Returns (row index map [B*L] (-1 = not computed), probs [N, Vd], argmax [N])."""
+    length = batch.doc.shape[1]
+    needed = torch.zeros_like(valid[0])
+    for j, v in enumerate(valid):                      # step j at p reads the target at p+1+j
+        needed[:, 1 + j:] |= v[:, : length - 1 - j]
+    rows = needed.flatten().nonzero().flatten()
+    index = torch.full((needed.numel(),), -1, dtype=torch.int64, device=rows.device)
+    index[rows] = torch.arange(len(rows), device=rows.device)
+    with torch.no_grad():
+        logits = batch.final.flatten(0, 1)[rows] @ head_rows.T             # [N, Vd]: draft rows only
+        return index, torch.softmax(logits.float(), -1), logits.argmax(-1)
+
+
+def ttt_loss(model: Eagle3Draft, batch: Batch, head_rows: Tensor, *, steps: int,
+             decay: float) -> tuple[Tensor, list[float | None], int]:
+    """Σ_j decay^j · mean soft-CE over step j's positions -> (loss, per-step top-1 acc, positions)."""
+    valid = loss_positions(batch, model.t2d, steps)
+    index, probs, argmax = target_distributions(batch, head_rows, valid)
+    loss, accs, counted = torch.zeros((), device=batch.aux.device), [], 0
+    for j, out in enumerate(ttt_unroll(model, batch, steps)):
+        r = valid[j].flatten().nonzero().flatten()
+        if len(r) == 0:
+            accs.append(None)
+            continue
+        tr = index[r + 1 + j]
+        logits = model.compute_logits(out.flatten(0, 1)[r]).float()       # head only where it counts
+        loss = loss + decay**j * F.cross_entropy(logits, probs[tr])
+        accs.append(float((logits.argmax(-1) == argmax[tr]).float().mean()))
+        counted += len(r)
+    return loss, accs, counted
+
+
+# --- optimisation, checkpoints ------------------------------------------------------------------------
+
+def lr_at(step: int, total: int, *, lr: float, warmup_ratio: float, min_lr_ratio: float) -> float:
+    """1) linear warmup over warmup_ratio·total steps, 2) cosine down to min_lr_ratio·lr."""
+    warm = max(1, round(warmup_ratio * total))
+    if step < warm:
+        return lr * (step + 1) / warm
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def trainable_state(model: Eagle3Draft) -> dict[str, Tensor]:
+    return {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
+            for k, v in model.state_dict().items()}
+
+
+def save_checkpoint(staging: Path, step: int, model: Eagle3Draft, opt: torch.optim.Optimizer,
+                    state: dict[str, Any]) -> None:
+    """checkpoint-{step}/ with model.safetensors, optimizer.pt, rng.safetensors, state.json (last)."""
+    d = staging / f"{CKPT_PREFIX}{step:08d}"
+    d.mkdir(parents=True, exist_ok=True)
+    save_file(trainable_state(model), str(d / MODEL_FILE))
+    torch.save(opt.state_dict(), d / "optimizer.pt")
+    save_file({"cpu": torch.get_rng_state()}, str(d / "rng.safetensors"))
+    (d / "state.json").write_text(json.dumps({**state, "step": step}))
+    for old in staging.glob(f"{CKPT_PREFIX}*"):                 # keep only the newest
+        if old != d:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(staging: Path, model: Eagle3Draft, opt: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """Restore the newest complete checkpoint (one with state.json); None when there is none."""
+    done = sorted(p for p in staging.glob(f"{CKPT_PREFIX}*") if (p / "state.json").is_file())
+    if not done:
+        return None
+    d = done[-1]
+    model.load_state_dict(load_file(str(d / MODEL_FILE)))
+    opt.load_state_dict(torch.load(d / "optimizer.pt", weights_only=True))
+    torch.set_rng_state(load_file(str(d / "rng.safetensors"))["cpu"])
+    return json.loads((d / "state.json").read_text())
+
+
+def resolve_device(cfg: PipelineConfig) -> tuple[torch.device, torch.dtype | None]:
+    """auto: CUDA + bf16 autocast when present, else CPU fp32 (bf16 is ~20x slower on AVX2 CPUs)."""
+    t = cfg.train
+    device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    bf16 = t.precision == "bf16" or (t.precision == "auto" and device.type == "cuda")
+    return device, (torch.bfloat16 if bf16 else None)
+
+
+# --- the loop ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Setup:
+    model: Eagle3Draft
+    head_rows: Tensor        # [draft_vocab, Ht] target lm_head rows of the draft vocab
+    reader: ShardReader
+    plan: list
+    meta: dict[str, Any]
+
+
+def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
+               on_step: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    t = cfg.train
+    device, amp = resolve_device(cfg)
+    model, head_rows = s.model.to(device), s.head_rows.to(device)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=BETAS,
+                            weight_decay=t.weight_decay)
+    total = min(len(s.plan), t.max_steps or len(s.plan))
+    state = load_checkpoint(staging, model, opt) or {"step": 0, "tokens": 0, "train_s": 0.0, "shards_read": []}
+    s.reader.read.update(state["shards_read"])
+    log_path = staging / LOG_FILE
+    kept = [ln for ln in (log_path.read_text().splitlines() if log_path.exists() else [])
+            if json.loads(ln)["step"] < state["step"]]
+    log_path.write_text("".join(ln + "\n" for ln in kept))
+    recent = [json.loads(ln) for ln in kept[-10:]]
+    shard_name, shard = None, None
+    from tqdm import tqdm
+    bar = tqdm(range(state["step"], total), initial=state["step"], total=total, desc="train", disable=None)
+    for step in bar:
+        name, rows = s.plan[step]
+        if name != shard_name:
+            shard_name, shard = name, s.reader.load(name)
+        batch = _to(make_batch(shard, rows, t.max_length), device)
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
+        with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            loss, accs, counted = ttt_loss(model, batch, head_rows, steps=t.ttt_steps, decay=t.step_decay)
+        opt.zero_grad(set_to_none=True)
+        if counted:
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
+            opt.step()
+        else:
+            grad_norm = 0.0
+        state["train_s"] += time.perf_counter() - t0
+        state["tokens"] += batch.tokens
+        rec = {"step": step, "loss": loss.item(), "acc": accs, "lr": opt.param_groups[0]["lr"],
+               "grad_norm": grad_norm, "tokens": batch.tokens, "positions": counted, "shard": name}
+        with log_path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        recent = (recent + [rec])[-10:]
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=accs[0])
+        state["shards_read"] = sorted(s.reader.read)
+        if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0 and step + 1 < total:
+            save_checkpoint(staging, step + 1, model, opt, state)
+        if on_step is not None:
+            on_step(step + 1, rec)
+    return _summary(state, recent, total, len(s.plan), s.reader)
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    return Batch(*(getattr(batch, f).to(device) for f in Batch.__dataclass_fields__))
+
+
+def _summary(state: dict[str, Any], recent: list[dict[str, Any]], steps: int, planned: int,
+             reader: ShardReader) -> dict[str, Any]:
+    """Run metrics; loss and per-step accuracy are means over the last (up to 10) steps."""
+    acc = []
+    for j in range(max((len(r["acc"]) for r in recent), default=0)):
+        vals = [r["acc"][j] for r in recent if r["acc"][j] is not None]
+        acc.append(sum(vals) / len(vals) if vals else None)
+    return {"final_loss": sum(r["loss"] for r in recent) / max(1, len(recent)), "acc": acc,
+            "steps": steps, "planned_steps": planned, "tokens": state["tokens"],
+            "tokens_per_s": state["tokens"] / state["train_s"] if state["train_s"] else None,
+            "train_s": state["train_s"], "shards_read": len(reader.read),
+            "shards_total": len(shard_paths(reader.hidden)), "cache_peak_bytes": reader.cache.peak_bytes}
+
+
+# --- the step ---------------------------------------------------------------------------------------------
+
+def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab_id: str) -> Setup:
+    """Read the inputs, build the draft from the target and the plan of batches."""
+    hidden = store.manifest("hidden", hidden_id)
+    layer_ids = list(hidden.meta["layer_ids"])
+    d2t, t2d = load_vocab(store, vocab_id)
+    tdir = target_dir(store, target_id)
+    tcfg = json.loads((tdir / "config.json").read_text())
+    validate_vocab(d2t, t2d, int(tcfg["vocab_size"]))
+    dcfg = draft_config(cfg, tcfg, len(layer_ids), d2t)
+    head = read_target_head(tdir, tcfg)
+    torch.manual_seed(cfg.seed)
+    model = Eagle3Draft.from_target(head, dcfg, d2t, t2d)
+    budget = cfg.train.cache_budget or parse_size(cfg.extract.disk_budget)   # the default is unparsed
+    reader = ShardReader(store, hidden, int(budget))
+    lengths = {rel: reader.lengths(rel) for rel in shard_paths(hidden)}
+    plan = build_plan(lengths, epochs=cfg.train.epochs, seed=cfg.seed, max_length=cfg.train.max_length,
+                      rows_per_batch=max(1, cfg.train.batch_tokens // cfg.train.max_length))
+    meta = {**dcfg.to_dict(), "layer_ids": layer_ids,
+            "target": {"num_hidden_layers": int(tcfg["num_hidden_layers"]), "hidden_size": int(tcfg["hidden_size"]),
+                       "vocab_size": int(tcfg["vocab_size"]),
+                       "max_position_embeddings": int(tcfg["max_position_embeddings"]),
+                       "name": store.manifest("target", target_id).meta.get("name", cfg.target.display_name)}}
+    return Setup(model, head["lm_head.weight"][d2t + torch.arange(len(d2t))], reader, plan, meta)
+
+
+def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab_id: str, *,
+        on_step: Callable[[int, dict[str, Any]], None] | None = None) -> Manifest:
+    """Train (or resume, or reuse) the draft for these inputs; `on_step(step, record)` after each step."""
+    inputs = {"target": target_id, "hidden": hidden_id, "vocab": vocab_id}
+    art_id = artifact_id("draft", {"train": cfg.train.model_dump(mode="json"), "seed": cfg.seed}, inputs)
+    if store.exists("draft", art_id):
+        return store.manifest("draft", art_id)
+    setup = prepare(cfg, store, target_id, hidden_id, vocab_id)
+    writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train)
+    metrics = train_loop(cfg, setup, writer.staging, on_step)
+    save_file(trainable_state(setup.model.cpu()), str(writer.path(MODEL_FILE)))
+    writer.path(CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
+    for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):          # resume state is not part of the artifact
+        shutil.rmtree(ckpt)
+    return writer.commit(metrics=metrics, meta=setup.meta)
+
+
+def load_draft(store: Store, draft_id: str) -> tuple[Eagle3Draft, dict[str, Any]]:
+    """(draft in eval mode, draft_config.json) of a draft artifact; the vocab map is re-validated."""
+    m = store.manifest("draft", draft_id)
+    meta = json.loads(Path(store.fetch_file("draft", draft_id, CONFIG_FILE, m)).read_text())
+    model = Eagle3Draft(DraftConfig.from_dict(meta))
+    model.load_state_dict(load_file(str(store.fetch_file("draft", draft_id, MODEL_FILE, m))))
+    validate_vocab(model.d2t, model.t2d, model.cfg.vocab_size)
+    return model.eval(), meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    from steps.config import find_config, load_config
+
+    p = argparse.ArgumentParser(prog="python -m steps.train", description="Train the EAGLE-3 draft (TTT).")
+    p.add_argument("--config", required=True, help="config name (configs/<name>.yaml) or path")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override")
+    p.add_argument("--store", default=None, help="store URI (default: config's store)")
+    p.add_argument("--target", required=True, help="target artifact id")
+    p.add_argument("--hidden", required=True, help="hidden artifact id (extract)")
+    p.add_argument("--vocab", required=True, help="vocab artifact id (mapping)")
+    args = p.parse_args(argv)
+    cfg = load_config(find_config(args.config), args.set)
+    m = run(cfg, open_store(args.store or cfg.store), args.target, args.hidden, args.vocab)
+    print(json.dumps({"kind": m.kind, "id": m.id, "metrics": m.metrics}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""Verify: offline τ of an exported SGLang draft with the reference engine, before any serving (F9).
+
+Reads: an `export` artifact's `sglang/` directory — loaded with SGLang's own key rules
+(`steps.formats.load_sglang_draft`: dropped keys stay random, d2t → hot ids, the target's
+embedding), so a broken export shows here as τ ≈ 1 (F2, F3) — and the `target` artifact; the
+capture layers are read back from the exported `eagle_config` and converted as SGLang does (F4).
+Held-out prompts: MT-bench first turns (`verify.categories`, `verify.num_prompts`) in the target's
+chat template, greedy, `verify.max_new_tokens`, chain of `verify.num_steps` drafts.
+Writes: a `verify` artifact with `report.json` (per prompt: tokens, accept histogram, timings) and
+metrics τ, per-position acceptance, accept histogram, tokens/s speculative vs plain, speedup.
+Speculative output must equal plain greedy output for every prompt; any mismatch fails the step.
+
+    python -m steps.verify --config tiny --export <export_id> --target <target_id>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from steps.config import PipelineConfig, config_dict
+from steps.engine import Engine
+from steps.formats import CONFIG_FILE, engine_layer_ids, load_sglang_draft
+from steps.layers import from_engine
+from steps.metrics import AcceptStats
+from steps.store import Manifest, Store, artifact_id
+
+STEP = "verify"
+
+
+class VerifyError(RuntimeError):
+    """Speculative decoding changed the output: the engine or the draft wiring is wrong."""
+
+
+def held_out_prompts(cfg: PipelineConfig, tokenizer) -> list[tuple[str, list[int]]]:
+    """MT-bench first turns as chat-templated token ids (held out from training data)."""
+    from steps.prompts import load_mtbench
+
+    out = []
+    for p in load_mtbench(cfg.verify.categories, cfg.verify.num_prompts):
+        first_user = [m for m in p["messages"] if m["role"] != "assistant"][:2]   # optional system + turn 1
+        ids = tokenizer.apply_chat_template(first_user, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):        # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        out.append((p["id"], [int(i) for i in ids]))
+    return out
+
+
+def sglang_layer_ids(sglang_dir: Path) -> list[int]:
+    """The layers SGLang would capture for this draft, internal convention (its +1 applied)."""
+    config = json.loads((sglang_dir / CONFIG_FILE).read_text())
+    ids = engine_layer_ids(config, "sglang")
+    if not ids:
+        raise ValueError(f"{sglang_dir / CONFIG_FILE}: no eagle_config.eagle_aux_hidden_state_layer_ids; SGLang "
+                         "would capture its defaults, not the trained layers (F4)")
+    return from_engine(ids, "sglang")
+
+
+def measure(engine: Engine, prompts: list[tuple[str, list[int]]], max_new_tokens: int, eos: Any
+            ) -> tuple[AcceptStats, list[dict[str, Any]]]:
+    """Run every prompt speculatively and plainly; per-prompt records with timings and equality."""
+    total, rows = AcceptStats(engine.k), []
+    for pid, ids in prompts:
+        t0 = time.perf_counter()
+        spec, stats = engine.generate(ids, max_new_tokens, eos)
+        t1 = time.perf_counter()
+        plain = engine.generate_plain(ids, max_new_tokens, eos)
+        t2 = time.perf_counter()
+        total.merge(stats)
+        first_diff = next((i for i, (a, b) in enumerate(zip(spec, plain, strict=False)) if a != b),
+                          None if len(spec) == len(plain) else min(len(spec), len(plain)))
+        rows.append({"id": pid, "prompt_tokens": len(ids), "tokens": len(spec), "spec_s": t1 - t0,
+                     "plain_s": t2 - t1, "accept_histogram": stats.histogram, "tau": stats.tau,
+                     "match": first_diff is None, "first_diff": first_diff})
+    return total, rows
+
+
+def summarize(total: AcceptStats, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Offline τ, per-position acceptance, histogram, tokens/s both ways and the speedup."""
+    tokens = sum(r["tokens"] for r in rows)
+    spec_s, plain_s = sum(r["spec_s"] for r in rows), sum(r["plain_s"] for r in rows)
+    return {**total.to_dict(), "prompts": len(rows), "tokens": tokens,
+            "spec_tokens_per_s": tokens / spec_s if spec_s else 0.0,
+            "plain_tokens_per_s": tokens / plain_s if plain_s else 0.0,
+            "speedup": plain_s / spec_s if spec_s else 0.0,
+            "mismatches": sum(not r["match"] for r in rows)}
+
+
+def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Manifest:
+    """Offline τ of the exported SGLang draft; fails if speculative output differs from plain greedy."""
+    from steps.export import export_dir
+    from steps.target import load_target
+
+    section, inputs = config_dict(cfg.verify), {"export": export_id, "target": target_id}
+    verify_id = artifact_id("verify", section, inputs)
+    if store.exists("verify", verify_id):
+        return store.manifest("verify", verify_id)
+    target, tokenizer = load_target(store, target_id)
+    sglang_dir = export_dir(store, export_id, "sglang")
+    draft, load_report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
+    engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir),
+                    num_steps=cfg.verify.num_steps)
+    total, rows = measure(engine, held_out_prompts(cfg, tokenizer), cfg.verify.max_new_tokens,
+                          tokenizer.eos_token_id)
+    metrics = summarize(total, rows)
+    writer = store.begin("verify", verify_id, step=STEP, inputs=inputs, config=section)
+    writer.path("report.json").write_text(json.dumps({"prompts": rows, "load_report": load_report.to_dict()},
+                                                     indent=2))
+    bad = [r for r in rows if not r["match"]]
+    if bad:   # the report stays in staging for inspection; no manifest, so no artifact
+        raise VerifyError(f"verify of export {export_id}: speculative output differs from plain greedy for "
+                          f"{len(bad)}/{len(rows)} prompts (first: {bad[0]['id']} at token {bad[0]['first_diff']}; "
+                          f"see {writer.staging / 'report.json'}); greedy verification must be lossless — the "
+                          "engine or the draft wiring is wrong")
+    return writer.commit(metrics=metrics, meta={"layer_ids": engine.layer_ids, "algorithm": engine.algorithm,
+                                                "dropped_keys": load_report.dropped,
+                                                "missing_params": load_report.missing})
+
+
+def main(argv: list[str] | None = None) -> int:
+    from steps.cli import add_common_args, config_and_store
+
+    ap = argparse.ArgumentParser(prog="python -m steps.verify", description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    ap.add_argument("--export", required=True, help="export artifact id")
+    ap.add_argument("--target", required=True, help="target artifact id")
+    args = ap.parse_args(argv)
+    cfg, store = config_and_store(args)
+    m = run(cfg, store, args.export, args.target)
+    print(json.dumps({"id": m.id, "tau": m.metrics["acceptance_length"], "speedup": m.metrics["speedup"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

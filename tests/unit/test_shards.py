@@ -1,0 +1,98 @@
+"""The hidden-state shard format: exact bf16 round trip, bounded fp8 error, metadata, boundaries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from steps.shards import bytes_per_token, iter_sequences, read_shard, shard_bytes_bound, write_shard
+
+H, LAYER_IDS = 32, [1, 2, 3]
+A = len(LAYER_IDS)
+
+
+def _sequences(lengths: list[int], seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in lengths]
+    masks = [[int(i >= n // 2) for i in range(n)] for n in lengths]
+    t = sum(lengths)
+    # Hidden states with a realistic spread of magnitudes, incl. a few outlier channels.
+    aux = torch.randn(t, A * H, generator=g) * torch.logspace(-2, 1, A * H)
+    final = torch.randn(t, H, generator=g) * 3.0
+    return ids, masks, aux, final
+
+
+def test_bf16_round_trip_is_exact_against_bf16_rounded_input(tmp_path):
+    ids, masks, aux, final = _sequences([5, 9, 1, 12])
+    info = write_shard(tmp_path / "s.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS)
+    shard = read_shard(tmp_path / "s.safetensors")
+    assert shard["aux_hidden"].dtype == torch.float32 and shard["final_hidden"].dtype == torch.float32
+    assert torch.equal(shard["aux_hidden"], aux.to(torch.bfloat16).float())
+    assert torch.equal(shard["final_hidden"], final.to(torch.bfloat16).float())
+    assert shard["input_ids"].tolist() == [t for s in ids for t in s]
+    assert shard["loss_mask"].dtype == torch.uint8 and shard["loss_mask"].tolist() == [m for s in masks for m in s]
+    assert info == {"tokens": 27, "sequences": 4, "bytes": (tmp_path / "s.safetensors").stat().st_size}
+
+
+def test_metadata_and_cu_seqlens_describe_the_sequences(tmp_path):
+    ids, masks, aux, final = _sequences([5, 9, 1, 12])
+    write_shard(tmp_path / "s.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS)
+    with safe_open(str(tmp_path / "s.safetensors"), framework="pt") as f:
+        meta = f.metadata()
+        assert f.get_tensor("aux_hidden").dtype == torch.bfloat16
+    assert meta["layer_ids"] == "[1, 2, 3]" and meta["hidden_size"] == "32" and meta["dtype"] == "bfloat16"
+    shard = read_shard(tmp_path / "s.safetensors")
+    assert shard["layer_ids"] == LAYER_IDS and shard["hidden_size"] == H and shard["dtype"] == "bfloat16"
+    assert shard["cu_seqlens"].dtype == torch.int64 and shard["cu_seqlens"].tolist() == [0, 5, 14, 15, 27]
+    seqs = list(iter_sequences(shard))
+    assert [s["input_ids"].tolist() for s in seqs] == ids
+    assert [s["loss_mask"].tolist() for s in seqs] == masks
+    assert torch.equal(seqs[1]["aux_hidden"], aux[5:14].to(torch.bfloat16).float())
+    assert seqs[3]["final_hidden"].shape == (12, H)
+
+
+def test_fp8_error_is_bounded_by_the_e4m3_mantissa(tmp_path):
+    """Bound: per element |x̂ − x| ≤ 2^-4·|x| + 2^-10·s, with s = absmax(row)/448 the per-token scale.
+
+    2^-4 is half an ulp of e4m3's 3-bit mantissa (relative), 2^-10·s half the subnormal spacing
+    (2^-9) for values that scale below e4m3's smallest normal. Per token the relative L2 error is
+    therefore ≤ 2^-4 as well; measured it is ≈ 2-3%.
+    """
+    ids, masks, aux, final = _sequences([40, 24])
+    aux[3] = 0.0  # an all-zero token must survive (scale 1, not a division by zero)
+    write_shard(tmp_path / "s.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS,
+                storage_dtype="float8_e4m3fn")
+    shard = read_shard(tmp_path / "s.safetensors")
+    with safe_open(str(tmp_path / "s.safetensors"), framework="pt") as f:
+        assert f.get_tensor("aux_hidden").dtype == torch.float8_e4m3fn
+        assert f.get_tensor("final_scale").shape == (64, 1) and f.get_tensor("aux_scale").dtype == torch.float32
+    assert shard["dtype"] == "float8_e4m3fn"
+    for x, x_hat in ((aux, shard["aux_hidden"]), (final, shard["final_hidden"])):
+        s = x.abs().amax(-1, keepdim=True) / 448
+        assert ((x_hat - x).abs() <= 2**-4 * x.abs() + 2**-10 * s + 1e-12).all()
+        rel = (x_hat - x).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-30)
+        assert rel.max() <= 2**-4
+    assert torch.equal(shard["aux_hidden"][3], torch.zeros(A * H))
+
+
+def test_bytes_per_token_and_bound_match_real_files(tmp_path):
+    assert bytes_per_token(576, 3, "bfloat16") == 2 * 4 * 576 + 9
+    assert bytes_per_token(7168, 3, "float8_e4m3fn") == 4 * 7168 + 8 + 9
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        ids, masks, aux, final = _sequences([30, 50, 7])
+        info = write_shard(tmp_path / f"{dtype}.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS,
+                           storage_dtype=dtype)
+        bound = shard_bytes_bound(87, 3, hidden_size=H, num_aux=A, storage_dtype=dtype)
+        payload = 87 * bytes_per_token(H, A, dtype) + 8 * 4
+        assert payload < info["bytes"] <= bound
+
+
+def test_mismatched_shapes_are_refused_with_the_shapes_named(tmp_path):
+    ids, masks, aux, final = _sequences([5, 9])
+    with pytest.raises(ValueError, match="aux"):
+        write_shard(tmp_path / "s.safetensors", ids, masks, aux[:, :H], final, layer_ids=LAYER_IDS)
+    with pytest.raises(ValueError, match="loss_mask"):
+        write_shard(tmp_path / "s.safetensors", ids, [masks[0], masks[1][:3]], aux, final, layer_ids=LAYER_IDS)
+    with pytest.raises(ValueError, match="storage dtype"):
+        write_shard(tmp_path / "s.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS, storage_dtype="fp16")

@@ -1,0 +1,239 @@
+"""Training-time-test training on a tiny seeded target: learning, resume, shards, the artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from steps.config import parse_config
+from steps.mapping import build_vocab, validate_vocab
+from steps.shards import write_shard
+from steps.store import open_store
+from steps.train import (
+    build_plan,
+    load_draft,
+    lr_at,
+    pack,
+    read_target_head,
+    run,
+    ttt_masks,
+)
+
+LAYER_IDS = [1, 2, 3]
+SEQS_PER_SHARD, SHARDS, PROMPT, ANSWER = 16, 3, 6, 26
+
+
+def tiny_target(out: Path, *, tied: bool = True):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=tied, rope_theta=10000.0,
+                      initializer_range=0.5)   # peaked next-token distributions: something to learn
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(out)
+    return model
+
+
+def greedy_sequences(model, n: int, seed: int) -> list[list[int]]:
+    """Random prompts continued greedily by the target: the answers are its argmax, as datagen's are."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 256, (n, PROMPT), generator=g)
+    with torch.no_grad():
+        for _ in range(ANSWER):
+            nxt = model(ids).logits[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], dim=1)
+    return ids.tolist()
+
+
+def write_source_store(root: Path) -> dict[str, str]:
+    """target, hidden (3 shards) and vocab artifacts written by hand in the documented formats."""
+    store = open_store(f"file://{root}")
+    w = store.begin("target", "tgt", step="target")
+    model = tiny_target(w.staging)
+    w.commit(meta={"source": "tiny", "name": "tiny-test"})
+    w = store.begin("hidden", "hid", step="extract")
+    shards, counts = [], Counter()
+    for s in range(SHARDS):
+        seqs = greedy_sequences(model, SEQS_PER_SHARD, seed=s)
+        masks = [[0] * PROMPT + [1] * ANSWER for _ in seqs]
+        with torch.no_grad():
+            hs = model(torch.tensor(seqs), output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[i] for i in LAYER_IDS], dim=-1).flatten(0, 1)
+        rel = f"shards/shard-{s:05d}.safetensors"
+        info = write_shard(w.path(rel), seqs, masks, aux, hs[-1].flatten(0, 1), layer_ids=LAYER_IDS)
+        shards.append({"path": rel, "tokens": info["tokens"], "sequences": info["sequences"]})
+        counts.update(t for seq in seqs for t in seq[PROMPT:])
+    w.commit(meta={"layer_ids": LAYER_IDS, "hidden_size": 64, "num_aux": 3, "shards": shards})
+    d2t, t2d = build_vocab(counts, 256, 96)
+    w = store.begin("vocab", "voc", step="mapping")
+    save_file({"d2t": d2t, "t2d": t2d}, str(w.path("vocab.safetensors")))
+    w.commit(meta={"target_vocab": 256})
+    return {"target_id": "tgt", "hidden_id": "hid", "vocab_id": "voc"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: a second thread only adds contention on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def source(one_thread, tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    root = tmp_path_factory.mktemp("source") / "store"
+    return root, write_source_store(root)
+
+
+def fresh_store(source, tmp_path, name="store"):
+    root, ids = source
+    shutil.copytree(root, tmp_path / name)
+    return open_store(f"file://{tmp_path / name}"), ids
+
+
+def config(**train):
+    base = {"ttt_steps": 3, "lr": 3e-3, "epochs": 8, "batch_tokens": 256, "max_length": 64,
+            "checkpoint_every": 1000, "warmup_ratio": 0.05}
+    return parse_config({"name": "t", "target": {"source": "tiny"}, "train": {**base, **train},
+                         "extract": {"aux_layer_ids": LAYER_IDS}, "mapping": {"draft_vocab_size": 96}})
+
+
+def test_training_reduces_the_loss_and_raises_step0_accuracy(source, tmp_path):
+    store, ids = fresh_store(source, tmp_path)
+    m = run(config(), store, **ids)
+    log = [json.loads(line) for line in (tmp_path / "store/artifacts/draft" / m.id / "train_log.jsonl").open()]
+    first = log[0]
+    assert m.metrics["steps"] == len(log) == m.metrics["planned_steps"]
+    assert m.metrics["final_loss"] < 0.5 * first["loss"], (first["loss"], m.metrics["final_loss"])
+    assert m.metrics["acc"][0] > first["acc"][0] + 0.25, (first["acc"], m.metrics["acc"])
+    assert len(m.metrics["acc"]) == 3
+    assert m.metrics["shards_read"] == m.metrics["shards_total"] == SHARDS
+    assert m.metrics["tokens"] == 8 * SHARDS * SEQS_PER_SHARD * (PROMPT + ANSWER)
+    assert m.metrics["tokens_per_s"] > 0
+
+
+def test_the_draft_artifact_holds_canonical_fp32_weights_the_vocab_map_and_its_config(source, tmp_path):
+    store, ids = fresh_store(source, tmp_path)
+    m = run(config(epochs=1), store, **ids)
+    files = {f["path"] for f in m.files}
+    assert files == {"model.safetensors", "draft_config.json", "train_log.jsonl"}   # no checkpoints left
+    weights = load_file(str(store.fetch_file("draft", m.id, "model.safetensors")))
+    assert {"midlayer.self_attn.q_proj.weight", "fc.weight", "lm_head.weight", "d2t", "t2d"} <= set(weights)
+    assert all(v.dtype == torch.float32 for k, v in weights.items() if k not in ("d2t", "t2d"))
+    validate_vocab(weights["d2t"], weights["t2d"], 256)
+    model, meta = load_draft(store, m.id)
+    assert meta["layer_ids"] == LAYER_IDS and meta["draft_vocab_size"] == 96 and meta["num_aux"] == 3
+    assert meta["target"] == {"num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 256,
+                              "max_position_embeddings": 512, "name": "tiny-test"}
+    assert torch.equal(model.lm_head.weight, weights["lm_head.weight"])
+    assert run(config(epochs=1), store, **ids).id == m.id                  # finished: reused, not retrained
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(source, tmp_path):
+    cfg = config(epochs=2, checkpoint_every=3)
+    store_a, ids = fresh_store(source, tmp_path, "a")
+    full = run(cfg, store_a, **ids)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_7(step, rec):
+        if step == 7:
+            raise Stop
+
+    store_b, _ = fresh_store(source, tmp_path, "b")
+    with pytest.raises(Stop):
+        run(cfg, store_b, **ids, on_step=stop_at_7)
+    staging = tmp_path / "b/artifacts/draft" / full.id
+    assert [p.name for p in staging.glob("checkpoint-*")] == ["checkpoint-00000006"]
+    resumed = run(cfg, store_b, **ids)
+    assert resumed.id == full.id and resumed.metrics["steps"] == full.metrics["steps"]
+    a = load_file(str(store_a.fetch_file("draft", full.id, "model.safetensors")))
+    b = load_file(str(store_b.fetch_file("draft", full.id, "model.safetensors")))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    log = (staging / "train_log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in log] == list(range(full.metrics["steps"]))
+
+
+def test_every_shard_is_read_through_a_cache_smaller_than_the_data(source, tmp_path, monkeypatch):
+    """An S3 store (moto's in-process S3): shards are downloaded into a cache holding about one shard."""
+    moto = pytest.importorskip("moto")
+    for k, v in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    root, ids = source
+    with moto.mock_aws():
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="b")
+        store = open_store("s3://b/eaglenest", cache_dir=tmp_path / "cache")
+        for p in root.rglob("*"):
+            if p.is_file():
+                store.backend.put_file(str(p.relative_to(root)), p)
+        shard_bytes = max(f["size"] for f in store.manifest("hidden", ids["hidden_id"]).files)
+        budget = int(1.5 * shard_bytes)
+        m = run(config(epochs=2, cache_budget=budget), store, **ids)
+    assert m.metrics["shards_read"] == m.metrics["shards_total"] == SHARDS
+    assert 0 < m.metrics["cache_peak_bytes"] <= budget < SHARDS * shard_bytes
+    left = list((tmp_path / "cache/hidden").rglob("*.safetensors"))
+    assert len(left) == 1                                                  # the others were evicted
+
+
+def test_packing_fills_rows_without_splitting_sequences_and_the_plan_is_seeded():
+    lengths = [30, 10, 64, 20, 50, 5, 90]
+    rows = pack(lengths, list(range(len(lengths))), 64)
+    assert all(sum(n for _, n in row) <= 64 for row in rows)
+    assert sorted(i for row in rows for i, _ in row) == list(range(7))
+    assert dict(i_n for row in rows for i_n in row)[6] == 64                     # truncated to max_length
+    plan = build_plan({"a": lengths, "b": lengths[:3]}, epochs=2, seed=1, max_length=64, rows_per_batch=2)
+    assert plan == build_plan({"a": lengths, "b": lengths[:3]}, epochs=2, seed=1, max_length=64, rows_per_batch=2)
+    assert plan != build_plan({"a": lengths, "b": lengths[:3]}, epochs=2, seed=2, max_length=64, rows_per_batch=2)
+    half = build_plan({"a": lengths, "b": lengths[:3]}, epochs=0.5, seed=1, max_length=64, rows_per_batch=2)
+    assert 0 < len(half) < len(plan) // 2 + 1
+
+
+def test_ttt_masks_are_block_diagonal_for_real_keys_and_diagonal_for_chain_keys():
+    doc = torch.tensor([[0, 0, 0, 1, 1, -1]])
+    m = ttt_masks(doc, 3)
+    assert [tuple(x.shape) for x in m] == [(1, 1, 6, 6), (1, 1, 6, 12), (1, 1, 6, 18)]
+    real = m[2][0, 0, :, :6]
+    assert real[4].tolist() == [False, False, False, True, True, False]     # own sequence, <= p
+    assert real[2].tolist() == [True, True, True, False, False, False]
+    assert real[5].tolist() == [False] * 5 + [True]                          # padding sees only itself
+    assert torch.equal(m[2][0, 0, :, 6:12], torch.eye(6, dtype=torch.bool))
+    assert torch.equal(m[2][0, 0, :, 12:], torch.eye(6, dtype=torch.bool))
+
+
+def test_lr_warms_up_then_decays_to_min_ratio():
+    kw = dict(lr=1.0, warmup_ratio=0.1, min_lr_ratio=0.1)
+    assert lr_at(0, 100, **kw) == pytest.approx(0.1)
+    assert lr_at(9, 100, **kw) == pytest.approx(1.0)
+    assert lr_at(99, 100, **kw) == pytest.approx(0.1, abs=1e-3)
+    assert lr_at(50, 100, **kw) < lr_at(20, 100, **kw)
+
+
+def test_target_head_handles_tied_and_untied_embeddings(tmp_path):
+    tiny_target(tmp_path / "tied", tied=True)
+    untied = tiny_target(tmp_path / "untied", tied=False)
+    cfg = json.loads((tmp_path / "tied/config.json").read_text())
+    head = read_target_head(tmp_path / "tied", cfg)
+    assert torch.equal(head["lm_head.weight"], head["embed_tokens.weight"])
+    cfg = json.loads((tmp_path / "untied/config.json").read_text())
+    head = read_target_head(tmp_path / "untied", cfg)
+    assert torch.equal(head["lm_head.weight"], untied.lm_head.weight)
+    assert not torch.equal(head["lm_head.weight"], head["embed_tokens.weight"])
+    os.remove(tmp_path / "untied/model.safetensors")
+    save_file({"model.embed_tokens.weight": untied.model.embed_tokens.weight.detach()},
+              str(tmp_path / "untied/model.safetensors"))
+    with pytest.raises(KeyError, match="lm_head.weight"):
+        read_target_head(tmp_path / "untied", cfg)
