@@ -153,7 +153,11 @@ class ExtractConfig(Section):
     #: `local`: in-process forward with hooks; `sglang`: a server started with
     #: --enable-return-aux-hidden-states (how a TP=8 target is extracted).
     backend: Literal["local", "sglang"] = "local"
+    #: an SGLang server started with --enable-return-aux-hidden-states (aux rows per token).
     server_url: str | None = None
+    #: an SGLang server started with --enable-return-hidden-states (post-norm final rows): SGLang's
+    #: aux response has no final hidden state and the last layer cannot be an aux layer.
+    final_server_url: str | None = None
     #: internal convention (HF hidden_states index); None → [2, N//2, N-3].
     aux_layer_ids: list[int] | None = None
     #: peak local bytes for shards awaiting upload (F8).
@@ -169,6 +173,13 @@ class ExtractConfig(Section):
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)
+
+    @model_validator(mode="after")
+    def _urls_for_sglang(self) -> ExtractConfig:
+        if self.backend == "sglang" and not (self.server_url and self.final_server_url):
+            raise ValueError("extract.backend=sglang requires extract.server_url (aux states) and "
+                             "extract.final_server_url (final hidden states)")
+        return self
 
     @property
     def disk_budget_bytes(self) -> int:

@@ -168,7 +168,7 @@ class Eagle3Draft(nn.Module):
 
     @classmethod
     def from_target(cls, target_state: dict[str, Tensor], cfg: DraftConfig, d2t: Tensor, t2d: Tensor,
-                    *, init_lm_head: bool = True) -> Eagle3Draft:
+                    *, init_lm_head: bool = False) -> Eagle3Draft:
         """A fresh draft with the target's embedding (frozen) and vocab map.
 
         `target_state` holds `embed_tokens.weight` (HF `model.` prefix accepted) and optionally

@@ -8,6 +8,8 @@ any serving). It follows the contract's "Engine round" exactly, so a draft that 
 
 `algorithm="EAGLE"` reproduces F1 the way SGLang does it: the target captures no aux layers and
 sends its final hidden state (width H), so the draft's `fc` is skipped because the widths match.
+(SGLang's EAGLE path also swaps in the target's lm_head; that part is not reproduced here: the
+skipped `fc` alone already collapses acceptance.)
 
 Greedy verification makes the output identical to plain greedy decoding of the target; the
 tests check that token for token.

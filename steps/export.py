@@ -56,7 +56,7 @@ def engine_config(engine: str, draft_fields: dict[str, Any], *, layer_ids: list[
         speculative_tokens=cfg.serve.num_steps)
 
 
-def expectations(draft_fields: dict[str, Any], layer_ids: list[int], max_pos: int, dtype: str,
+def expectations(draft_fields: dict[str, Any], *, layer_ids: list[int], max_pos: int, dtype: str,
                  target_config: dict[str, Any]) -> dict[str, Any]:
     """What the strict checker compares each written directory against."""
     return {"layer_ids": layer_ids, "vocab_size": int(target_config["vocab_size"]),
@@ -64,7 +64,7 @@ def expectations(draft_fields: dict[str, Any], layer_ids: list[int], max_pos: in
             "draft_vocab_size": int(draft_fields["draft_vocab_size"]), "dtype": dtype}
 
 
-def write_checked(out: Path, engine: str, state: dict[str, Any], config: dict[str, Any],
+def write_checked(out: Path, engine: str, state: dict[str, Any], *, config: dict[str, Any],
                   expect: dict[str, Any], dtype: str) -> dict[str, Any]:
     """Write one engine directory, strict-check it (raises FormatError), return its manifest meta."""
     formats.write_engine_dir(out, engine, state, config, dtype=dtype)
@@ -87,14 +87,16 @@ def run(cfg: PipelineConfig, store: Store, draft_id: str, target_id: str) -> Man
     draft_fields = draft.cfg.to_dict()
     layer_ids = draft_layer_ids(meta, tcfg, f"draft {draft_id}")
     max_pos = resolve_max_position_embeddings(cfg, tcfg)          # F5: from the target, never the draft
-    expect = expectations(draft_fields, layer_ids, max_pos, cfg.export.dtype, tcfg)
+    expect = expectations(draft_fields, layer_ids=layer_ids, max_pos=max_pos, dtype=cfg.export.dtype,
+                          target_config=tcfg)
     writer = store.begin("export", export_id, step=STEP, inputs=inputs, config=section)
     state = draft.state_dict()
     engines = {}
     for engine in cfg.export.engines:
         config = engine_config(engine, draft_fields, layer_ids=layer_ids, max_pos=max_pos, cfg=cfg,
                                target_config=tcfg)
-        engines[engine] = write_checked(writer.staging / engine, engine, state, config, expect, cfg.export.dtype)
+        engines[engine] = write_checked(writer.staging / engine, engine, state, config=config, expect=expect,
+                                        dtype=cfg.export.dtype)
     return writer.commit(metrics={"num_keys": {e: m["num_keys"] for e, m in engines.items()}},
                          meta={"engines": engines, "internal_layer_ids": layer_ids, "dtype": cfg.export.dtype,
                                "draft_max_position_embeddings": draft_fields["max_position_embeddings"]})

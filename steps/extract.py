@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from steps import layers
 from steps.config import PipelineConfig, resolve_aux_layer_ids
+from steps.datagen import read_conversations
 from steps.shards import bytes_per_token, shard_bytes_bound, write_shard
 from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
 from steps.target import load_target, target_config
@@ -53,8 +54,6 @@ SHARD_PATH = "shards/shard-{:05d}.safetensors"
 
 def read_sequences(store: Store, dataset_id: str, max_length: int) -> list[dict[str, list[int]]]:
     """Every conversation of the dataset, in order, truncated to `max_length` tokens."""
-    from steps.datagen import read_conversations
-
     out = []
     for row in read_conversations(store, dataset_id):
         ids, mask = row["input_ids"][:max_length], row["loss_mask"][:max_length]
@@ -148,13 +147,18 @@ class LocalBackend:
         self.base = model.base_model
         self.device = next(model.parameters()).device
         self._seen: dict[Any, torch.Tensor] = {}
-        decoder_layers, norm = self.base.layers, getattr(self.base, "norm", None)
-        if norm is None:
-            raise ValueError(f"{type(model).__name__}: no final norm at base_model.norm; the local "
-                             "backend knows Llama-style models (use extract.backend=sglang)")
-        for i in self.layer_ids:
-            decoder_layers[i].register_forward_pre_hook(self._keep_input(i), with_kwargs=True)
-        norm.register_forward_hook(self._keep_output)
+        decoder_layers, norm = getattr(self.base, "layers", None), getattr(self.base, "norm", None)
+        if decoder_layers is None or norm is None:
+            raise ValueError(f"{type(model).__name__}: no base_model.layers / base_model.norm; the local "
+                             "backend knows Llama-style models (Llama, Qwen, Mistral); use extract.backend=sglang")
+        self._hooks = [decoder_layers[i].register_forward_pre_hook(self._keep_input(i), with_kwargs=True)
+                       for i in self.layer_ids]
+        self._hooks.append(norm.register_forward_hook(self._keep_output))
+
+    def close(self) -> None:
+        """Remove the hooks (the model is left as it was found)."""
+        for h in self._hooks:
+            h.remove()
 
     def _keep_input(self, i: int):
         def hook(module, args, kwargs):
@@ -205,14 +209,15 @@ class SGLangBackend:
     (checked per request: rows must equal L).
     """
 
-    def __init__(self, aux_url: str, final_url: str | None, layer_ids: list[int], *, timeout_s: float = 600.0):
+    def __init__(self, aux_url: str, final_url: str | None, layer_ids: list[int], *, hidden_size: int,
+                 timeout_s: float = 600.0):
         if not final_url:
             raise ValueError("extract.backend=sglang needs two servers: extract.server_url (launched with "
                              "--enable-return-aux-hidden-states) and a final-hidden server (launched with "
                              "--enable-return-hidden-states), because SGLang's aux response does not carry "
                              "the final hidden state")
         self.aux_url, self.final_url = aux_url.rstrip("/"), final_url.rstrip("/")
-        self.layer_ids, self.timeout_s = list(layer_ids), timeout_s
+        self.layer_ids, self.hidden_size, self.timeout_s = list(layer_ids), hidden_size, timeout_s
         self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang")
 
     def check_server(self, num_hidden_layers: int) -> None:
@@ -220,7 +225,7 @@ class SGLangBackend:
         info = self._get(f"{self.aux_url}/server_info")
         ids = info.get("return_aux_hidden_state_layer_ids")
         if ids is None:  # the server captures the model's EAGLE-3 defaults
-            captured = layers.sglang_default_ids(num_hidden_layers)
+            captured = layers.default_aux_layer_ids(num_hidden_layers)
         else:
             captured = layers.from_engine(list(ids), "sglang")
         if captured != self.layer_ids:
@@ -231,11 +236,11 @@ class SGLangBackend:
                 f"{' '.join(map(str, self.sglang_layer_ids))} (SGLang ids = internal − 1)")
 
     def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        aux = self._prefill_hidden(self.aux_url, batch_input_ids)
-        final = self._prefill_hidden(self.final_url, batch_input_ids)
+        aux = self._prefill_hidden(self.aux_url, batch_input_ids, len(self.layer_ids) * self.hidden_size)
+        final = self._prefill_hidden(self.final_url, batch_input_ids, self.hidden_size)
         return list(zip(aux, final, strict=True))
 
-    def _prefill_hidden(self, url: str, batch: list[list[int]]) -> list[torch.Tensor]:
+    def _prefill_hidden(self, url: str, batch: list[list[int]], width: int) -> list[torch.Tensor]:
         body = {"input_ids": batch, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
                 "return_hidden_states": True}
         outs = self._post(f"{url}/generate", body)
@@ -246,6 +251,12 @@ class SGLangBackend:
                 raise ValueError(f"{url}/generate returned no meta_info.hidden_states; launch the server "
                                  "with --enable-return-aux-hidden-states / --enable-return-hidden-states")
             x = torch.tensor(states[0], dtype=torch.float32)
+            if x.ndim != 2 or x.shape[1] != width:
+                # H-wide rows from the aux server mean aux capture is off: training on them is F1's
+                # silent "accept length 1" in the making.
+                raise ValueError(f"{url}/generate returned hidden rows of shape {tuple(x.shape)}, expected "
+                                 f"[{len(seq)}, {width}]; check the server's --enable-return-aux-hidden-states "
+                                 "/ --enable-return-hidden-states flags and that it serves this target")
             if x.shape[0] != len(seq):
                 raise ValueError(f"{url}/generate returned {x.shape[0]} hidden rows for {len(seq)} input "
                                  "tokens; launch the server with --disable-radix-cache")
@@ -265,12 +276,11 @@ class SGLangBackend:
 
 
 def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int],
-                 num_hidden_layers: int) -> CaptureBackend:
+                 tcfg: dict[str, Any]) -> CaptureBackend:
     if cfg.extract.backend == "sglang":
-        # The final-hidden server's URL is not in the schema yet: `extract.final_server_url`.
-        backend = SGLangBackend(str(cfg.extract.server_url), getattr(cfg.extract, "final_server_url", None),
-                                layer_ids)
-        backend.check_server(num_hidden_layers)
+        backend = SGLangBackend(str(cfg.extract.server_url), cfg.extract.final_server_url,
+                                layer_ids, hidden_size=tcfg["hidden_size"])
+        backend.check_server(tcfg["num_hidden_layers"])
         return backend
     # fp32 on CPU (bf16 is ~20x slower on an AVX2 CPU), bf16 on CUDA.
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -300,13 +310,16 @@ def extract_shard(backend: CaptureBackend, plan: ShardPlan, sequences: list[dict
                   path: Path, *, batch_size: int, layer_ids: list[int], storage_dtype: str) -> dict[str, int]:
     """Capture one shard's sequences in batches and write it."""
     seqs = [sequences[i] for i in plan.sequences]
-    aux, final = [], []
+    # Batch sequences of similar length together (less padding), then restore the shard's order.
+    by_length = sorted(range(len(seqs)), key=lambda k: len(seqs[k]["input_ids"]))
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for start in range(0, len(seqs), batch_size):
-        for a, f in backend.capture([s["input_ids"] for s in seqs[start:start + batch_size]]):
-            aux.append(a)
-            final.append(f)
-    return write_shard(path, [s["input_ids"] for s in seqs], [s["loss_mask"] for s in seqs],
-                       torch.cat(aux), torch.cat(final), layer_ids=layer_ids, storage_dtype=storage_dtype)
+        batch = by_length[start:start + batch_size]
+        captured.update(zip(batch, backend.capture([seqs[k]["input_ids"] for k in batch]), strict=True))
+    aux = torch.cat([captured[k][0] for k in range(len(seqs))])      # [T, A*H]
+    final = torch.cat([captured[k][1] for k in range(len(seqs))])    # [T, H]
+    return write_shard(path, [s["input_ids"] for s in seqs], [s["loss_mask"] for s in seqs], aux, final,
+                       layer_ids=layer_ids, storage_dtype=storage_dtype)
 
 
 def upload_and_verify(writer: ArtifactWriter, plan: ShardPlan) -> dict[str, Any]:
@@ -318,6 +331,17 @@ def upload_and_verify(writer: ArtifactWriter, plan: ShardPlan) -> dict[str, Any]
         raise ArtifactError(f"{writer.store.artifact_uri('hidden', writer.manifest.id)}/{plan.path}: "
                             "sha256 of the uploaded copy differs from the local shard; re-run extract")
     return rec
+
+
+def check_resumed(writer: ArtifactWriter, plans: list[ShardPlan]) -> None:
+    """A shard uploaded by a killed run must hold what the plan says it holds, or nothing is trusted."""
+    for p in plans:
+        rec = writer.uploaded(p.path)
+        if rec and (rec.get("tokens"), rec.get("sequences")) != (p.tokens, len(p.sequences)):
+            raise ArtifactError(f"{writer.store.artifact_uri('hidden', writer.manifest.id)}/{p.path}: uploaded "
+                                f"by an earlier run with {rec.get('tokens')} tokens / {rec.get('sequences')} "
+                                f"sequences, but the plan says {p.tokens} / {len(p.sequences)}; the dataset "
+                                "changed under the same id. Delete the unfinished artifact folder and re-run")
 
 
 def run_rounds(writer: ArtifactWriter, backend: CaptureBackend, rounds: list[list[ShardPlan]],
@@ -357,9 +381,8 @@ def begin_hidden(store: Store, cfg: PipelineConfig, art_id: str,
     no-op and local bytes could not be told from uploaded ones; staging apart keeps the budget
     logic the same for file and s3 stores.
     """
-    writer = store.begin("hidden", art_id, step="extract", inputs=inputs, config=cfg.extract)
     scratch = ScratchDir(store.cache_dir / "extract-scratch" / art_id)
-    writer.staging = scratch.root
+    writer = store.begin("hidden", art_id, step="extract", inputs=inputs, config=cfg.extract, staging=scratch.root)
     return writer, scratch
 
 
@@ -383,11 +406,12 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
                         hidden_size=tcfg["hidden_size"], num_aux=len(layer_ids), storage_dtype=ex.storage_dtype)
     plan_rounds(plans, ex.disk_budget_bytes)  # fail before any work if one shard cannot fit
     writer, scratch = begin_hidden(store, cfg, art_id, inputs)
+    check_resumed(writer, plans)
     todo = [p for p in plans if not writer.has(p.path)]
     total = sum(p.tokens for p in plans)
     stats = {"rounds": 0, "computed_shards": 0, "computed_tokens": 0, "capture_s": 0.0}
     if todo:
-        backend = make_backend(cfg, store, target_id, layer_ids, tcfg["num_hidden_layers"])
+        backend = make_backend(cfg, store, target_id, layer_ids, tcfg)
         stats = run_rounds(writer, backend, plan_rounds(todo, ex.disk_budget_bytes), sequences, scratch,
                            cfg=cfg, layer_ids=layer_ids, total_tokens=total,
                            done_tokens=total - sum(p.tokens for p in todo))

@@ -304,11 +304,15 @@ class FormatError(ValueError):
     """An engine directory that would be served wrongly; the message lists every finding."""
 
 
+MISSING = object()
+
+
 def _get(cfg: dict[str, Any], dotted: str) -> Any:
+    """`a.b.c` in nested dicts, or MISSING."""
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return KeyError
+            return MISSING
         node = node[part]
     return node
 
@@ -375,7 +379,7 @@ REQUIRED_FIELDS: dict[str, list[tuple[str, type | tuple[type, ...]]]] = {
              ("transformer_layer_config.max_position_embeddings", int),
              ("speculators_config.proposal_methods", list), ("speculators_config.verifier.name_or_path", str),
              ("speculators_config.verifier.architectures", list), ("speculators_version", str),
-             ("torch_dtype", str)],
+             ("transformer_layer_config.torch_dtype", str)],
 }
 
 
@@ -384,7 +388,7 @@ def check_config(config: dict[str, Any], engine: str, where: str) -> list[Findin
     out = []
     for dotted, typ in REQUIRED_FIELDS[engine]:
         v = _get(config, dotted)
-        if v is KeyError or v is None:
+        if v is MISSING or v is None:
             row = "F7" if "draft_vocab_size" in dotted else ("F4" if "layer_ids" in dotted else "")
             out.append(Finding(f"{where}:{dotted}", "required field is missing or null"
                                + (" (SGLang: AttributeError at startup, or the target's head replaces the "
@@ -394,7 +398,7 @@ def check_config(config: dict[str, Any], engine: str, where: str) -> list[Findin
     for dotted, want, row, why in FIXED_FIELDS[engine]:
         got = _get(config, dotted)
         if got != want:
-            got_s = "missing" if got is KeyError else repr(got)
+            got_s = "missing" if got is MISSING else repr(got)
             out.append(Finding(f"{where}:{dotted}", f"expected {want!r}, got {got_s}: {why}", row))
     ids = engine_layer_ids(config, engine)
     if ids is not None and ids != sorted(set(ids)):
@@ -435,9 +439,9 @@ def check_expectations(config: dict[str, Any], engine: str, expect: dict[str, An
                                f"{got!r} is shorter than the target's context {expect['context_length']}: SGLang "
                                "refuses to start (or an env override hides it); export sets it from the target",
                                "F5"))
-    if "dtype" in expect and config.get("torch_dtype") != expect["dtype"]:
-        out.append(Finding(f"{where}:torch_dtype", f"expected {expect['dtype']!r}, got "
-                           f"{config.get('torch_dtype')!r}"))
+    got_dtype = config.get("torch_dtype") or lc.get("torch_dtype")
+    if "dtype" in expect and got_dtype != expect["dtype"]:
+        out.append(Finding(f"{where}:torch_dtype", f"expected {expect['dtype']!r}, got {got_dtype!r}"))
     return out
 
 
@@ -533,7 +537,8 @@ def check_engine_dir(path: str | Path, engine: str, *, expect: dict[str, Any] | 
         shape = draft_shape(config, engine)
     except (KeyError, TypeError, ValueError):
         shape = None        # the missing fields are reported above; shapes cannot be checked
-    dtype = config.get("torch_dtype") if isinstance(config.get("torch_dtype"), str) else None
+    dtype = config.get("torch_dtype") or layer_config(config, engine).get("torch_dtype")
+    dtype = dtype if isinstance(dtype, str) else None
     findings += check_weights(path, engine, shape, dtype)
     findings += check_vocab_values(path, engine, shape)
     return findings
@@ -612,7 +617,9 @@ def load_sglang_draft(path: str | Path, *, target: torch.nn.Module | None = None
     path = Path(path)
     config = json.loads((path / CONFIG_FILE).read_text())
     dcfg = sglang_draft_config(config, str(path / CONFIG_FILE))
-    draft = Eagle3Draft(DraftConfig(**dcfg)).float().eval()
+    with torch.random.fork_rng():      # params SGLang never loads stay "random", but reproducibly so
+        torch.manual_seed(0)
+        draft = Eagle3Draft(DraftConfig(**dcfg)).float().eval()
     params = dict(draft.named_parameters())
     report = LoadReport()
     d2t = torch.zeros(dcfg["draft_vocab_size"], dtype=torch.int64)
@@ -632,7 +639,7 @@ def load_sglang_draft(path: str | Path, *, target: torch.nn.Module | None = None
         else:
             _copy_param(params[res.canonical], tensor, key, path)
             report.loaded[key] = res.canonical
-    draft.d2t = d2t.to(draft.d2t.device) if hasattr(draft, "d2t") else d2t
+    draft.d2t.copy_(d2t)
     _use_target_weights(draft, config, dcfg, target, report)
     loaded = set(report.loaded.values()) | ({"embed_tokens.weight"} if report.embed_from_target else set())
     report.missing = sorted(k for k in params if k not in loaded)

@@ -19,14 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from steps.datagen import read_conversations
 from steps.store import Manifest, Store, artifact_id, open_store
+from steps.target import target_config
 
 VOCAB_FILE = "vocab.safetensors"
 
@@ -115,19 +116,6 @@ def count_assistant_tokens(rows: Iterable[dict]) -> Counter:
     return counts
 
 
-def _read_conversations(store: Store, dataset_id: str) -> Iterator[dict]:
-    try:
-        from steps.datagen import read_conversations
-    except ImportError:                             # datagen not present: read its documented layout
-        m = store.manifest("dataset", dataset_id)
-        for rec in sorted(m.files, key=lambda r: r["path"]):
-            if rec["path"].startswith("conversations/") and rec["path"].endswith(".jsonl"):
-                with open(store.fetch_file("dataset", dataset_id, rec["path"], m)) as f:
-                    yield from (json.loads(line) for line in f if line.strip())
-        return
-    yield from read_conversations(store, dataset_id)
-
-
 def coverage(counts: Counter, t2d: Tensor) -> float:
     """Fraction of counted tokens that are inside the draft vocab."""
     total = sum(counts.values())
@@ -136,23 +124,14 @@ def coverage(counts: Counter, t2d: Tensor) -> float:
 
 # --- the step ---------------------------------------------------------------------------------------
 
-def _target_vocab_size(store: Store, target_id: str) -> int:
-    try:
-        from steps.target import target_config
-        return int(target_config(store, target_id)["vocab_size"])
-    except ImportError:
-        path = store.fetch_file("target", target_id, "config.json")
-        return int(json.loads(Path(path).read_text())["vocab_size"])
-
-
 def run(cfg, store: Store, dataset_id: str, target_id: str) -> Manifest:
     """Count assistant tokens of the dataset, build and validate the map, write the vocab artifact."""
     inputs = {"dataset": dataset_id, "target": target_id}
     art_id = artifact_id("vocab", cfg.mapping.model_dump(mode="json"), inputs)
     if store.exists("vocab", art_id):
         return store.manifest("vocab", art_id)
-    target_vocab = _target_vocab_size(store, target_id)
-    counts = count_assistant_tokens(_read_conversations(store, dataset_id))
+    target_vocab = int(target_config(store, target_id)["vocab_size"])
+    counts = count_assistant_tokens(read_conversations(store, dataset_id))
     d2t, t2d = build_vocab(counts, target_vocab, cfg.mapping.draft_vocab_size)
     validate_vocab(d2t, t2d, target_vocab)
     writer = store.begin("vocab", art_id, step="mapping", inputs=inputs, config=cfg.mapping)

@@ -100,10 +100,20 @@ def load_humaneval() -> list[dict[str, Any]]:
                     f"Complete the following Python function:\n```python\n{r['prompt']}```") for r in rows]
 
 
+#: stdlib packages that are tests, demos or tools rather than library API.
+STDLIB_SKIP = {"test", "idlelib", "lib2to3", "turtledemo", "site-packages", "ensurepip", "antigravity", "this"}
+
+
 def stdlib_module_files() -> list[Path]:
-    """Public top-level stdlib modules (`json.py`, not `_json.py` or packages), sorted by name."""
+    """Public top-level stdlib modules (`json/__init__.py`, `os.py`; not `_json.py`), sorted by name."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.glob("*.py") if not p.name.startswith("_") and p.stem != "antigravity")
+    files = list(root.glob("*.py")) + list(root.glob("*/__init__.py"))
+    return sorted((p for p in files if not _module_name(p).startswith("_") and _module_name(p) not in STDLIB_SKIP),
+                  key=_module_name)
+
+
+def _module_name(path: Path) -> str:
+    return path.parent.name if path.name == "__init__.py" else path.stem
 
 
 @functools.lru_cache(maxsize=1)
@@ -119,7 +129,7 @@ def stdlib_docstrings() -> tuple[tuple[str, str, str], ...]:
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         except (SyntaxError, UnicodeDecodeError):
             continue
-        for qual, kind, node in _public_defs(path.stem, tree.body):
+        for qual, kind, node in _public_defs(_module_name(path), tree.body):
             doc = ast.get_docstring(node)
             if doc and len(doc) >= MIN_DOCSTRING_CHARS and qual not in seen:
                 seen.add(qual)

@@ -10,8 +10,9 @@ and a preflight reads the draft's `config.json` against the command before anyth
 - F1: the algorithm comes from the draft's architecture (a table). `EAGLE`/`NEXTN` with an EAGLE-3
   draft is refused: the target would capture no aux layers and the draft's `fc` would be skipped
   silently (accept length 1.00, no warning).
-- F4: aux layer ids must name capturable target layers, and sit in `eagle_config` (the only place
-  SGLang reads them for capture).
+- F4: aux layer ids must name capturable target layers, sit in `eagle_config` (the only place
+  SGLang reads them for capture) and survive the target family's id shift (DeepSeek: +1 only if
+  the first id is 1).
 - F5: the draft's `max_position_embeddings` must cover the serving context length.
 - F6: the health wait has a deadline; the caller retries once with CUDA graphs off; both recorded.
 - F7: `draft_vocab_size` must be an explicit integer and the architecture `LlamaForCausalLMEagle3`.
@@ -54,6 +55,10 @@ REEXPORT_FIX = "re-export the draft with `python -m steps.export` (it writes the
 #: algorithms SGLang resolves to plain EAGLE (`NEXTN` is an alias): no aux capture (F1).
 NON_AUX_ALGORITHMS = frozenset({"EAGLE", "NEXTN"})
 
+#: target architectures whose SGLang model adds +1 to `eagle_config` ids only when the first id is 1
+#: (models/deepseek_v2.py since PR #25454; also Kimi-K2 checkpoints, which declare DeepseekV3).
+PLUS_ONE_ONLY_IF_FIRST_IS_ONE = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
+
 #: the environment override that lets SGLang start with a too-short draft context (F5).
 LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
@@ -65,9 +70,11 @@ WATCHED_FLAGS: dict[str, tuple[str, str]] = {
     "context_length": ("--context-length", "--context-l"),
 }
 
-#: seconds between health polls, and the per-request timeout of one poll.
+#: seconds between health polls.
 HEALTH_POLL_INTERVAL_S = 0.5
-HEALTH_REQUEST_TIMEOUT_S = 5.0
+#: one poll may take this long: /health_generate runs a 1-token generation and answers 503 only
+#: after SGLANG_HEALTH_CHECK_TIMEOUT (20 s), so a shorter client timeout would never see its answer.
+HEALTH_REQUEST_TIMEOUT_S = 25.0
 #: seconds a server gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE_S = 30.0
 
@@ -169,6 +176,8 @@ def build_sglang_command(cfg: PipelineConfig, *, target_path: str | Path, draft_
 def cuda_graph_args(max_bs: int, *, disabled: bool) -> list[str]:
     """0.5.23 flags: `--cuda-graph-max-bs` is gone (argparse: ambiguous option); use the per-phase ones."""
     if disabled:
+        # a disabled decode backend also skips the draft's decode and extend graphs
+        # (EAGLEWorkerV2.init_cuda_graphs returns early), where F6 capture hangs happen
         return ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
     return ["--cuda-graph-max-bs-decode", str(max_bs)]
 
@@ -255,6 +264,13 @@ def check_aux_layers(draft: dict[str, Any], target: dict[str, Any], where: str) 
                        f"(SGLang convention = internal − 1): {err}",
                        "re-extract and retrain with aux layers this target can capture, or export for the "
                        "target the draft was trained on")
+    target_arch = (target.get("architectures") or [None])[0]
+    if target_arch in PLUS_ONE_ONLY_IF_FIRST_IS_ONE and sglang_ids[0] != 1:
+        return Finding("F4", "fail", f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids={sglang_ids} with a "
+                       f"{target_arch} target: SGLang adds +1 for this family only when the first id is 1, so it "
+                       f"would capture internal {list(sglang_ids)} instead of the trained "
+                       f"{from_engine(list(sglang_ids), 'sglang')}",
+                       "train with aux layer ids starting at internal 2 (the default [2, N//2, N-3])")
     return Finding("F4", "pass", f"{where}: aux ids {sglang_ids} capturable in a {n_layers}-layer target")
 
 
@@ -336,10 +352,10 @@ def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
         pass
 
 
-def health_status(url: str) -> int | None:
+def health_status(url: str, timeout_s: float = HEALTH_REQUEST_TIMEOUT_S) -> int | None:
     """HTTP status of one GET, None when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=HEALTH_REQUEST_TIMEOUT_S) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.status
     except urllib.error.HTTPError as err:
         return err.code
@@ -349,19 +365,22 @@ def health_status(url: str) -> int | None:
 
 def launch(cmd: Sequence[str], *, log_path: str | Path, health_url: str, timeout_s: float,
            env: Mapping[str, str] | None = None) -> Server:
-    """Start `cmd` and poll `health_url` until it answers 200; on the deadline kill the process group."""
+    """Start `cmd` and poll `health_url` until it answers 200; on the deadline kill the process group.
+
+    stdout and stderr go to `log_path` (appended); `env` adds variables to this process's environment.
+    """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with log_path.open("ab") as log:
         process = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=None if env is None else dict(env), start_new_session=True)
+                                   env={**os.environ, **(env or {})}, start_new_session=True)
     deadline = started + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerStartError(f"server exited with code {process.returncode} before {health_url} "
                                    f"answered; see {log_path}", [])
-        if health_status(health_url) == 200:
+        if health_status(health_url, min(HEALTH_REQUEST_TIMEOUT_S, max(0.1, deadline - time.monotonic()))) == 200:
             return Server(process, list(cmd), log_path, health_url)
         time.sleep(HEALTH_POLL_INTERVAL_S)
     stop_process_group(process, grace_s=5.0)
@@ -423,8 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     cfg = load_config(find_config(args.config), args.overrides)
-    cmd = build_sglang_command(cfg, target_path=args.target_path, draft_dir=args.draft, port=args.port,
-                               disable_cuda_graph=args.disable_cuda_graph)
+    try:
+        cmd = build_sglang_command(cfg, target_path=args.target_path, draft_dir=args.draft, port=args.port,
+                                   disable_cuda_graph=args.disable_cuda_graph)
+    except (KeyError, FileNotFoundError) as err:
+        print(f"serve: {err.args[0] if isinstance(err, KeyError) else err}", file=sys.stderr)
+        return 1
     findings = preflight(args.draft, cmd, target_config=target_config_for(cfg.target, args.target_path))
     if any(f.status == "fail" for f in findings):
         print("\n".join(str(f) for f in findings), file=sys.stderr)

@@ -463,15 +463,21 @@ class Store:
 
     # writing
     def begin(self, kind: str, art_id: str, *, step: str, inputs: dict[str, str] | None = None,
-              config: Any = None) -> ArtifactWriter:
-        """Start (or resume) writing an artifact. Staging lives beside the store or in the cache."""
+              config: Any = None, staging: Path | None = None) -> ArtifactWriter:
+        """Start (or resume) writing an artifact.
+
+        Files are staged in `staging` when given (extraction stages shards in a scratch folder so
+        its disk budget is measured the same way for every backend), else beside the store
+        (file://) or in the cache (s3://).
+        """
         from steps.config import config_dict, section_hash
 
         cfg = config_dict(config) if config is not None else {}
         m = Manifest(kind=kind, id=art_id, step=step, inputs=dict(inputs or {}),
                      config_hash=section_hash(cfg) if cfg else "", config=cfg)
-        local = self.backend.local_path(self.key(kind, art_id))
-        staging = local if local is not None else self.cache_dir / "staging" / kind / art_id
+        if staging is None:
+            local = self.backend.local_path(self.key(kind, art_id))
+            staging = local if local is not None else self.cache_dir / "staging" / kind / art_id
         staging.mkdir(parents=True, exist_ok=True)
         return ArtifactWriter(self, m, staging)
 

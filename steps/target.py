@@ -45,9 +45,9 @@ TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
 CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 #: stdlib source the tiny tokenizer is trained on: sorted top-level modules up to this many bytes.
-TINY_TOKENIZER_TEXT_BYTES = 2_000_000
+TINY_TOKENIZER_TEXT_BYTES = 1_000_000
 #: tiny pretraining: sequences of this many tokens, this many per step, AdamW at this peak lr.
-TINY_SEQ_LEN, TINY_BATCH, TINY_LR, TINY_WARMUP = 128, 8, 3e-3, 20
+TINY_SEQ_LEN, TINY_BATCH, TINY_LR, TINY_WARMUP = 128, 4, 3e-3, 20
 #: pickle formats torch.load would have to unpickle (arbitrary code); refused.
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
@@ -187,8 +187,8 @@ def tiny_pretrain_stream(tokenizer: Any) -> torch.Tensor:
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": stdlib_question(q, kind)},
                                             {"role": "assistant", "content": doc}], tokenize=False)
              for q, kind, doc in stdlib_docstrings()]
-    ids = tokenizer("".join(texts), add_special_tokens=False)["input_ids"]
-    return torch.tensor(ids, dtype=torch.long)
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return torch.tensor([i for row in ids for i in row], dtype=torch.long)
 
 
 def build_tiny(cfg: PipelineConfig, out_dir: Path) -> dict[str, Any]:
@@ -219,6 +219,17 @@ def build_tiny(cfg: PipelineConfig, out_dir: Path) -> dict[str, Any]:
 
 def pretrain(model: torch.nn.Module, stream: torch.Tensor, *, steps: int, seed: int) -> list[float]:
     """Next-token training on random windows of `stream` (AdamW, fp32, seeded); per-step losses."""
+    threads = torch.get_num_threads()
+    # One thread: CPU reduction order depends on the thread count, so this keeps the tiny target
+    # bit-identical across machines; and on a shared 2-core box two spinning threads were 5x slower.
+    torch.set_num_threads(1)
+    try:
+        return _pretrain_loop(model, stream, steps=steps, seed=seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pretrain_loop(model: torch.nn.Module, stream: torch.Tensor, *, steps: int, seed: int) -> list[float]:
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=TINY_LR, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / TINY_WARMUP))
@@ -233,7 +244,7 @@ def pretrain(model: torch.nn.Module, stream: torch.Tensor, *, steps: int, seed: 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     model.eval()
     return losses
 

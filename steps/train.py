@@ -21,9 +21,13 @@ The last condition stands in for "the target's argmax at p+1+j is in the draft v
 regenerated greedily by the target, so x[p+2+j] *is* that argmax, and checking it costs nothing
 where the exact check needs the full target head (49k rows for SmolLM2) at every position.
 
-Sequences are packed into rows of `max_length` (block-diagonal attention: no sequence sees
-another), rows into batches of ~`batch_tokens`. Checkpoints (model, AdamW, step, RNG) go into the
-artifact's staging folder every `checkpoint_every` steps; a re-run resumes from the latest one.
+Cost: step 0 runs every position (each is a real key); chain step j >= 1 runs only the positions
+whose chain still reaches a counted prediction (about the assistant spans), and the draft's lm_head
+and the target's head rows run only where a prediction is counted. Sequences are packed into rows
+of `max_length` (block-diagonal attention: no sequence sees another), rows into batches of
+~`batch_tokens`, in a seeded order planned before the first step (every shard of every epoch).
+Checkpoints (model, AdamW, step, RNG) go into the artifact's staging folder every
+`checkpoint_every` steps; a re-run resumes from the latest one.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
+from tqdm import tqdm
 
 from steps.config import PipelineConfig, parse_size, resolve_draft_shape, resolve_max_position_embeddings
 from steps.draft import DraftCache, DraftConfig, Eagle3Draft
@@ -158,7 +163,9 @@ def build_plan(shard_lengths: dict[str, list[int]], *, epochs: float, seed: int,
 
 
 def make_batch(shard: dict[str, Any], rows: list[list[tuple[int, int]]], max_length: int) -> Batch:
+    """Rows of packed sequences, as long as the fullest row (a shard's last batch is often short)."""
     cu = shard["cu_seqlens"].tolist()
+    max_length = min(max_length, max(sum(n for _, n in row) for row in rows))
     b, a, h = len(rows), shard["aux_hidden"].shape[-1], shard["final_hidden"].shape[-1]
     ids = torch.zeros(b, max_length, dtype=torch.int64)
     mask = torch.zeros(b, max_length, dtype=torch.bool)
@@ -207,28 +214,71 @@ def _shift(x: Tensor, k: int, fill: int = 0) -> Tensor:
     return out
 
 
-def ttt_masks(doc: Tensor, steps: int) -> list[Tensor]:
-    """Attention masks of the unroll: step j -> bool [B, 1, L, L*(j+1)] over the keys
-    [step-0 keys, chain keys of step 1, ..., step j]. Step-0 keys: same sequence and <= p; chain keys:
-    only position p itself. Every position sees at least itself (padding included: no empty rows)."""
-    b, length = doc.shape
-    causal = torch.ones(length, length, dtype=torch.bool, device=doc.device).tril()
-    eye = torch.eye(length, dtype=torch.bool, device=doc.device)
-    real = ((doc[:, :, None] == doc[:, None, :]) & causal) | eye            # [B, L, L]
-    chain = eye.expand(b, length, length)
-    return [torch.cat([real] + [chain] * j, dim=-1)[:, None] for j in range(steps)]
+@dataclass
+class Layout:
+    """Which positions a step computes: chain step j >= 1 only needs the positions whose chain
+    still reaches a counted prediction (assistant spans, about half of a chat), step 0 needs all
+    (every position is a real key). Rows are padded to the longest; `inv` maps back."""
+    idx: Tensor    # [B, M] position of each slot (ascending)
+    pad: Tensor    # [B, M] bool, slot unused
+    inv: Tensor    # [B, L] slot of each position (valid where the position is computed)
 
 
-def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int) -> Iterator[Tensor]:
-    """Yields out_hidden [B, L, H] of steps 0..steps-1 (K/V of each step computed once, cached)."""
-    cache = DraftCache()
-    masks = ttt_masks(batch.doc, steps)
-    feature = batch.aux                                                    # [B, L, A*Ht] -> fc
-    for j in range(steps):
+def layouts(valid: list[Tensor] | None, doc: Tensor, steps: int) -> list[Layout]:
+    """Step j computes the positions counted at some step j' >= j (all positions when valid is None)."""
+    every = torch.ones_like(doc, dtype=torch.bool)
+    needs, n = [], torch.zeros_like(every)
+    for j in reversed(range(steps)):
+        n = every if valid is None else n | valid[j]
+        needs.insert(0, n)
+    needs[0] = every                                   # step 0: every position is a real key
+    return [_layout(n) for n in needs]
+
+
+def _layout(need: Tensor) -> Layout:
+    order = torch.sort((~need).to(torch.int8), dim=1, stable=True).indices   # needed first, ascending
+    m = max(1, int(need.sum(1).max()))
+    return Layout(order[:, :m], ~need.gather(1, order[:, :m]), order.argsort(1))
+
+
+def ttt_mask(doc: Tensor, lays: list[Layout], j: int) -> Tensor:
+    """Step j's mask, bool [B, 1, M_j, L + M_1 + .. + M_j] over [step-0 keys, chain keys of steps 1..j]:
+    a query at p sees step-0 keys of its own sequence at positions <= p and chain keys at p only.
+    Every query sees at least one key (padding sees itself), so no softmax row is empty."""
+    q = lays[j]
+    length = doc.shape[1]
+    keys = torch.arange(length, device=doc.device)
+    real = (doc[:, None, :] == doc.gather(1, q.idx)[:, :, None]) & (keys <= q.idx[:, :, None])
+    if j == 0:
+        real |= torch.eye(length, dtype=torch.bool, device=doc.device)
+    else:
+        real &= ~q.pad[:, :, None]
+    blocks = [real]
+    for i in range(1, j + 1):
+        k = lays[i]
+        same = (k.idx[:, None, :] == q.idx[:, :, None]) & ~k.pad[:, None, :] & ~q.pad[:, :, None]
+        if i == j:
+            same |= torch.eye(q.idx.shape[1], dtype=torch.bool, device=doc.device) & q.pad[:, :, None]
+        blocks.append(same)
+    return torch.cat(blocks, dim=-1)[:, None]
+
+
+def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int,
+               valid: list[Tensor] | None = None) -> Iterator[tuple[Tensor, Layout]]:
+    """Yields (out_hidden [B, M_j, H], layout) of steps 0..steps-1; K/V of each step computed once."""
+    cache, lays = DraftCache(), layouts(valid, batch.doc, steps)
+    out = None
+    for j, lay in enumerate(lays):
         same = _shift(batch.doc, 1 + j, -2) == batch.doc
-        tokens = torch.where(same, _shift(batch.input_ids, 1 + j), 0)       # x[p+1+j] inside the sequence
-        feature = model.forward_hidden(tokens, feature, batch.pos + j, cache, masks[j])
-        yield feature
+        tokens = torch.where(same, _shift(batch.input_ids, 1 + j), 0).gather(1, lay.idx)   # x[p+1+j]
+        if j == 0:
+            feature = batch.aux                                              # [B, L, A*Ht] -> fc
+        else:                                                                # own out_hidden at p
+            slots = torch.where(lay.pad, 0, lays[j - 1].inv.gather(1, lay.idx))   # padding: any slot
+            feature = out.gather(1, slots[:, :, None].expand(-1, -1, out.shape[-1]))
+        pos = batch.pos.gather(1, lay.idx) + j
+        out = model.forward_hidden(tokens, feature, pos, cache, ttt_mask(batch.doc, lays, j))
+        yield out, lay
 
 
 def loss_positions(batch: Batch, t2d: Tensor, steps: int) -> list[Tensor]:
@@ -262,16 +312,17 @@ def ttt_loss(model: Eagle3Draft, batch: Batch, head_rows: Tensor, *, steps: int,
     valid = loss_positions(batch, model.t2d, steps)
     index, probs, argmax = target_distributions(batch, head_rows, valid)
     loss, accs, counted = torch.zeros((), device=batch.aux.device), [], 0
-    for j, out in enumerate(ttt_unroll(model, batch, steps)):
-        r = valid[j].flatten().nonzero().flatten()
-        if len(r) == 0:
+    length = batch.doc.shape[1]
+    for j, (out, lay) in enumerate(ttt_unroll(model, batch, steps, valid)):
+        b, p = valid[j].nonzero(as_tuple=True)
+        if len(b) == 0:
             accs.append(None)
             continue
-        tr = index[r + 1 + j]
-        logits = model.compute_logits(out.flatten(0, 1)[r]).float()       # head only where it counts
+        tr = index[b * length + p + 1 + j]
+        logits = model.compute_logits(out[b, lay.inv[b, p]]).float()      # head only where it counts
         loss = loss + decay**j * F.cross_entropy(logits, probs[tr])
         accs.append(float((logits.argmax(-1) == argmax[tr]).float().mean()))
-        counted += len(r)
+        counted += len(b)
     return loss, accs, counted
 
 
@@ -337,6 +388,34 @@ class Setup:
     meta: dict[str, Any]
 
 
+def train_step(model: Eagle3Draft, opt: torch.optim.Optimizer, batch: Batch, head_rows: Tensor, *,
+               cfg: PipelineConfig, lr: float, amp: torch.dtype | None) -> dict[str, Any]:
+    """One optimizer step on one packed batch -> its log record."""
+    t = cfg.train
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with torch.autocast(batch.aux.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+        loss, accs, counted = ttt_loss(model, batch, head_rows, steps=t.ttt_steps, decay=t.step_decay)
+    opt.zero_grad(set_to_none=True)
+    grad_norm = 0.0
+    if counted:                                       # a batch of prompts only has nothing to learn
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
+        opt.step()
+    return {"loss": loss.item(), "acc": accs, "lr": lr, "grad_norm": grad_norm, "tokens": batch.tokens,
+            "positions": counted}
+
+
+def restore(staging: Path, model: Eagle3Draft, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], list[dict]]:
+    """Resume state from the newest checkpoint (or a fresh one) and the log up to it."""
+    state = load_checkpoint(staging, model, opt) or {"step": 0, "tokens": 0, "train_s": 0.0, "shards_read": []}
+    log_path = staging / LOG_FILE
+    kept = [ln for ln in (log_path.read_text().splitlines() if log_path.exists() else [])
+            if json.loads(ln)["step"] < state["step"]]
+    log_path.write_text("".join(ln + "\n" for ln in kept))    # drop steps after the checkpoint
+    return state, [json.loads(ln) for ln in kept[-10:]]
+
+
 def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
                on_step: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     t = cfg.train
@@ -345,15 +424,9 @@ def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=BETAS,
                             weight_decay=t.weight_decay)
     total = min(len(s.plan), t.max_steps or len(s.plan))
-    state = load_checkpoint(staging, model, opt) or {"step": 0, "tokens": 0, "train_s": 0.0, "shards_read": []}
+    state, recent = restore(staging, model, opt)
     s.reader.read.update(state["shards_read"])
-    log_path = staging / LOG_FILE
-    kept = [ln for ln in (log_path.read_text().splitlines() if log_path.exists() else [])
-            if json.loads(ln)["step"] < state["step"]]
-    log_path.write_text("".join(ln + "\n" for ln in kept))
-    recent = [json.loads(ln) for ln in kept[-10:]]
     shard_name, shard = None, None
-    from tqdm import tqdm
     bar = tqdm(range(state["step"], total), initial=state["step"], total=total, desc="train", disable=None)
     for step in bar:
         name, rows = s.plan[step]
@@ -361,26 +434,15 @@ def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
             shard_name, shard = name, s.reader.load(name)
         batch = _to(make_batch(shard, rows, t.max_length), device)
         t0 = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
-        with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
-            loss, accs, counted = ttt_loss(model, batch, head_rows, steps=t.ttt_steps, decay=t.step_decay)
-        opt.zero_grad(set_to_none=True)
-        if counted:
-            loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
-            opt.step()
-        else:
-            grad_norm = 0.0
+        lr = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
+        rec = {"step": step, **train_step(model, opt, batch, head_rows, cfg=cfg, lr=lr, amp=amp), "shard": name}
         state["train_s"] += time.perf_counter() - t0
-        state["tokens"] += batch.tokens
-        rec = {"step": step, "loss": loss.item(), "acc": accs, "lr": opt.param_groups[0]["lr"],
-               "grad_norm": grad_norm, "tokens": batch.tokens, "positions": counted, "shard": name}
-        with log_path.open("a") as f:
+        state["tokens"] += rec["tokens"]
+        state["shards_read"] = sorted(s.reader.read)
+        with (staging / LOG_FILE).open("a") as f:
             f.write(json.dumps(rec) + "\n")
         recent = (recent + [rec])[-10:]
-        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=accs[0])
-        state["shards_read"] = sorted(s.reader.read)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=rec["acc"][0])
         if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0 and step + 1 < total:
             save_checkpoint(staging, step + 1, model, opt, state)
         if on_step is not None:

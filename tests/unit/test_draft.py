@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from steps.draft import DraftCache, DraftConfig, Eagle3Draft
 from steps.mapping import build_vocab
-from steps.train import Batch, ttt_unroll
+from steps.train import Batch, loss_positions, ttt_unroll
 
 CANONICAL_KEYS = {
     "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
@@ -15,6 +16,15 @@ CANONICAL_KEYS = {
     "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
     "midlayer.mlp.down_proj.weight",
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: a second thread only adds contention on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def small_cfg(**kw) -> DraftConfig:
@@ -85,7 +95,7 @@ def test_training_unroll_equals_incremental_engine_drafting_with_a_kv_cache():
     model = random_draft(cfg)
     batch = packed_batch(cfg, [[9, 7], [16], [5, 3]], length=16)
     with torch.no_grad():
-        train_outs = list(ttt_unroll(model, batch, steps))
+        train_outs = [out for out, _ in ttt_unroll(model, batch, steps)]
         checked = 0
         for r in range(batch.doc.shape[0]):
             for d in range(int(batch.doc[r].max()) + 1):
@@ -98,6 +108,33 @@ def test_training_unroll_equals_incremental_engine_drafting_with_a_kv_cache():
     assert checked == (9 + 7 + 16 + 5 + 3) * steps
 
 
+def test_training_on_only_the_counted_positions_still_equals_the_engine():
+    """Training computes chain step j only where a counted prediction remains (assistant spans);
+    those positions must still match the engine exactly, and the others must be skipped."""
+    cfg, steps = small_cfg(), 4
+    model = random_draft(cfg)
+    batch = packed_batch(cfg, [[12, 4], [16]], length=16, seed=5)
+    batch.loss_mask[0, :7] = False                                        # a prompt, then an answer
+    batch.loss_mask[1, 3:9] = False
+    valid = loss_positions(batch, model.t2d, steps)
+    computed = 0
+    with torch.no_grad():
+        for j, (out, lay) in enumerate(ttt_unroll(model, batch, steps, valid)):
+            if j > 0:
+                assert lay.idx.shape[1] < 16                                  # chain steps skip positions
+            for r in range(2):
+                for m in (~lay.pad[r]).nonzero().flatten().tolist():
+                    p = int(lay.idx[r, m])
+                    cols = (batch.doc[r] == batch.doc[r, p]).nonzero().flatten()
+                    local = p - int(cols[0])
+                    h = engine_chain(model, batch.input_ids[r, cols], batch.aux[r, cols], local, j + 1)[j]
+                    torch.testing.assert_close(out[r, m], h, rtol=1e-4, atol=1e-5)
+                    computed += 1
+            for r, p in valid[j].nonzero().tolist():                          # every counted one is computed
+                assert not lay.pad[r, lay.inv[r, p]] and lay.idx[r, lay.inv[r, p]] == p
+    assert computed > 32
+
+
 def test_packed_sequences_do_not_attend_to_each_other():
     cfg = small_cfg()
     model = random_draft(cfg)
@@ -105,8 +142,8 @@ def test_packed_sequences_do_not_attend_to_each_other():
     packed = packed_batch(cfg, [[6, 6]], length=12, seed=3)
     packed.input_ids[0, :6], packed.aux[0, :6] = alone.input_ids[0, :6], alone.aux[0, :6]
     with torch.no_grad():
-        a = list(ttt_unroll(model, alone, 3))
-        b = list(ttt_unroll(model, packed, 3))
+        a = [out for out, _ in ttt_unroll(model, alone, 3)]
+        b = [out for out, _ in ttt_unroll(model, packed, 3)]
     for j in range(3):   # the first sequence's last position sees x[6] only when it is its own
         torch.testing.assert_close(a[j][0, : 5 - j], b[j][0, : 5 - j], rtol=1e-5, atol=1e-6)
 
@@ -148,8 +185,10 @@ def test_from_target_copies_and_freezes_the_embedding_and_keeps_the_vocab_map():
     torch.manual_seed(0)
     embed, head = torch.randn(cfg.vocab_size, cfg.hidden_size), torch.randn(cfg.vocab_size, cfg.hidden_size)
     d2t, t2d = build_vocab(torch.arange(cfg.vocab_size), cfg.vocab_size, cfg.draft_vocab_size)
-    model = Eagle3Draft.from_target({"model.embed_tokens.weight": embed, "lm_head.weight": head}, cfg, d2t, t2d)
+    state = {"model.embed_tokens.weight": embed, "lm_head.weight": head}
+    assert not torch.equal(Eagle3Draft.from_target(state, cfg, d2t, t2d).lm_head.weight, head[t2d])
+    model = Eagle3Draft.from_target(state, cfg, d2t, t2d, init_lm_head=True)
     assert torch.equal(model.embed_tokens.weight, embed) and not model.embed_tokens.weight.requires_grad
     assert torch.equal(model.d2t, d2t) and torch.equal(model.t2d, t2d)
-    assert torch.equal(model.lm_head.weight, head[t2d])                     # warm start from the target's rows
+    assert torch.equal(model.lm_head.weight, head[t2d])                     # optional warm start: the target's rows
     assert torch.equal(model.draft_to_target(torch.arange(cfg.draft_vocab_size)), t2d.nonzero().flatten())

@@ -18,9 +18,9 @@ import torch
 
 from steps import layers
 from steps.config import load_config
-from steps.extract import LocalBackend, SGLangBackend, extract_shard, hidden_id, plan_shards, run
+from steps.extract import LocalBackend, SGLangBackend, extract_shard, hidden_id, main, plan_shards, run
 from steps.shards import bytes_per_token, iter_sequences, read_shard
-from steps.store import open_store, sha256_file
+from steps.store import PARTIAL, open_store, sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -63,23 +63,29 @@ def one_thread():
 def world(tmp_path_factory):
     """A file store holding a `target` (tiny Llama HF dir) and a `dataset` (60 conversations)."""
     root = tmp_path_factory.mktemp("extract")
-    store = open_store(f"file://{root}/store", cache_dir=root / "cache")
     model, tok = _tiny_model_and_tokenizer()
-    w = store.begin("target", "tinytarget000001", step="target")
-    model.save_pretrained(w.staging)
-    tok.save_pretrained(w.staging)
-    w.commit(meta={"source": "tiny"})
-    w = store.begin("dataset", "tinydataset00001", step="datagen")
     g = torch.Generator().manual_seed(1)
     rows = []
     for k, n in enumerate(_lengths(60, seed=2)):
         ids = torch.randint(3, 300, (n,), generator=g).tolist()
         rows.append({"id": f"c{k}", "source": "hand", "messages": [], "input_ids": ids,
                      "loss_mask": [int(i >= n // 3) for i in range(n)]})
-    w.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    w.commit(metrics={"ok": len(rows), "tokens": sum(len(r["input_ids"]) for r in rows)})
-    return {"root": root, "store": store, "model": model, "rows": rows,
-            "target": "tinytarget000001", "dataset": "tinydataset00001"}
+    world = {"root": root, "model": model, "tokenizer": tok, "rows": rows,
+             "target": "tinytarget000001", "dataset": "tinydataset00001"}
+    world["store"] = _populate(open_store(f"file://{root}/store", cache_dir=root / "cache"), world)
+    return world
+
+
+def _populate(store, world):
+    """Write the world's target and dataset artifacts into `store`."""
+    w = store.begin("target", world["target"], step="target")
+    world["model"].save_pretrained(w.staging)
+    world["tokenizer"].save_pretrained(w.staging)
+    w.commit(meta={"source": "tiny"})
+    w = store.begin("dataset", world["dataset"], step="datagen")
+    w.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in world["rows"]))
+    w.commit(metrics={"ok": len(world["rows"]), "tokens": sum(len(r["input_ids"]) for r in world["rows"])})
+    return store
 
 
 def _cfg(*overrides: str):
@@ -108,7 +114,9 @@ def _all_tokens(store, m):
 def test_local_hooks_equal_output_hidden_states(world):
     model = world["model"]
     batch = [r["input_ids"] for r in world["rows"][:5]]
-    got = LocalBackend(model, LAYER_IDS).capture(batch)
+    backend = LocalBackend(model, LAYER_IDS)
+    got = backend.capture(batch)
+    backend.close()
     width = max(map(len, batch))
     ids = torch.tensor([s + [0] * (width - len(s)) for s in batch])
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch])
@@ -144,6 +152,31 @@ def test_rounds_stay_under_a_fifth_of_the_total_and_cover_every_token_once(world
     assert again.created == m.created  # finished work is reused, not recomputed
 
 
+def test_rounds_on_an_s3_store_stage_in_the_cache_and_stay_under_budget(world, tmp_path, monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server._server.server_port}"
+        store = open_store("s3://eaglenest-test/run", cache_dir=tmp_path / "cache", endpoint_url=url)
+        store.backend.client.create_bucket(Bucket="eaglenest-test")
+        _populate(store, world)
+        budget = _total_bytes(world, 300) // 5
+        m = run(_cfg("extract.shard_tokens=300", f"extract.disk_budget={budget}"), store, world["target"],
+                world["dataset"])
+        assert 0 < m.meta["peak_local_bytes"] <= budget and m.meta["rounds"] >= 5
+        assert store.backend.list(f"artifacts/hidden/{m.id}/shards/") == [
+            f"artifacts/hidden/{m.id}/{s['path']}" for s in m.meta["shards"]]
+        assert not list((tmp_path / "cache" / "extract-scratch").rglob("*.safetensors"))
+        assert _all_tokens(store, m) == [(r["input_ids"], r["loss_mask"]) for r in world["rows"]]
+    finally:
+        server.stop()
+
+
 # --- (b) SIGKILL mid-run, then resume -----------------------------------------------------------------
 
 def test_killed_run_resumes_without_recomputing_or_losing_shards(world, tmp_path):
@@ -158,18 +191,17 @@ def test_killed_run_resumes_without_recomputing_or_losing_shards(world, tmp_path
         cmd += ["--set", s]
     env = {**os.environ, **OFFLINE, "EAGLENEST_CACHE": str(store.cache_dir), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 40
-    while time.time() < deadline and not list((art / ".partial").rglob("*.json")):
+    deadline = time.time() + 120  # start-up (torch, transformers) is slow on a busy 2-core machine
+    while time.time() < deadline and proc.poll() is None and not list((art / PARTIAL).rglob("*.json")):
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, "extract finished before it could be killed"
+    _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, f"extract ended before it could be killed: {err.decode()[-2000:]}"
     assert not (art / "manifest.json").exists()
-    committed = {p.name[:-5]: p for p in (art / ".partial" / "shards").glob("*.json")}
+    committed = {p.name[:-5]: p for p in (art / PARTIAL / "shards").glob("*.json")}
     landed = {name: (art / "shards" / name).stat() for name in committed}
     hashes = {name: sha256_file(art / "shards" / name) for name in committed}
-    assert committed
-    print("KILLDBG", len(committed), len(list((art / "shards").glob("*"))), time.time() - deadline + 40)
+    assert committed, "killed before the first shard was uploaded"
 
     m = run(cfg, store, world["target"], world["dataset"])  # the re-run, in process (saves a start-up)
     assert m.id == art.name
@@ -204,13 +236,18 @@ def test_fp8_storage_halves_the_bytes_and_stays_close(world):
 
 # --- (f) a budget that cannot hold one shard ----------------------------------------------------------
 
-def test_budget_below_one_shard_fails_up_front_and_writes_nothing(world):
+def test_budget_below_one_shard_fails_up_front_and_writes_nothing(world, capsys):
     store = world["store"]
     cfg = _cfg("extract.shard_tokens=250", "extract.disk_budget=20000")
     with pytest.raises(ValueError, match=r"extract\.disk_budget=20000 .*needs up to \d+ bytes.*extract\.shard_tokens"):
         run(cfg, store, world["target"], world["dataset"])
     art = store.backend.root / "artifacts" / "hidden" / hidden_id(cfg, world["target"], world["dataset"])
     assert not store.exists("hidden", art.name) and not art.exists()
+    rc = main(["--config", str(ROOT / "configs/tiny.yaml"), "--store", store.uri, "--target", world["target"],
+               "--dataset", world["dataset"], "--set", f"extract.aux_layer_ids={LAYER_IDS}",
+               "--set", "extract.shard_tokens=250", "--set", "extract.disk_budget=20000"])
+    assert rc == 2 and "Raise extract.disk_budget to at least" in capsys.readouterr().err
+    assert not art.exists()
 
 
 # --- (e) the SGLang client against a stand-in server ---------------------------------------------------
@@ -267,7 +304,7 @@ def test_sglang_backend_gives_the_same_shards_as_the_local_backend(world, tmp_pa
     aux = StandInSGLang(model, sglang_layer_ids=layers.to_engine(LAYER_IDS, "sglang"))
     final = StandInSGLang(model, sglang_layer_ids=None)
     try:
-        client = SGLangBackend(aux.url, final.url, LAYER_IDS)
+        client = SGLangBackend(aux.url, final.url, LAYER_IDS, hidden_size=H)
         client.check_server(N_LAYERS)
         local = LocalBackend(model, LAYER_IDS)
         plan = plan_shards([len(r["input_ids"]) for r in rows], 300, hidden_size=H, num_aux=3,
@@ -285,8 +322,15 @@ def test_sglang_backend_gives_the_same_shards_as_the_local_backend(world, tmp_pa
         # A server capturing other layers (ids not shifted by −1: F4) is refused before any request.
         wrong = StandInSGLang(model, sglang_layer_ids=LAYER_IDS)
         with pytest.raises(ValueError, match="--return-aux-hidden-state-layer-ids 0 1 2"):
-            SGLangBackend(wrong.url, final.url, LAYER_IDS).check_server(N_LAYERS)
+            SGLangBackend(wrong.url, final.url, LAYER_IDS, hidden_size=H).check_server(N_LAYERS)
         wrong.server.shutdown()
+        local.close()
+        # SGLang's aux response carries no final hidden state: a client without the second server is refused.
+        with pytest.raises(ValueError, match="two servers"):
+            SGLangBackend(aux.url, None, LAYER_IDS, hidden_size=H)
+        # An "aux" server that returns H-wide rows (aux capture off, F1's silent failure) is refused.
+        with pytest.raises(ValueError, match=r"expected \[\d+, 192\]"):
+            SGLangBackend(final.url, final.url, LAYER_IDS, hidden_size=H).capture([rows[0]["input_ids"]])
     finally:
         aux.server.shutdown()
         final.server.shutdown()

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from steps.config import parse_config
-from steps.mapping import build_vocab, coverage, count_assistant_tokens, load_vocab, run, validate_vocab
+from steps.mapping import build_vocab, count_assistant_tokens, coverage, load_vocab, run, validate_vocab
 from steps.store import open_store
 
 

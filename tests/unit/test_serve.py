@@ -32,7 +32,7 @@ p.add_argument("--exit-code", type=int, default=None)
 p.add_argument("--ignore-sigterm", action="store_true")
 p.add_argument("--child-pid-file", default=None)
 args, _sglang_flags = p.parse_known_args()
-print("fake server argv:", sys.argv[1:], flush=True)
+print("fake server argv:", sys.argv[1:], "mark:", os.environ.get("EAGLENEST_TEST_MARK"), flush=True)
 if args.exit_code is not None:
     print("fake server: bad arguments", flush=True)
     sys.exit(args.exit_code)
@@ -240,6 +240,20 @@ def test_preflight_refuses_aux_layer_ids_the_target_cannot_capture(tmp_path):
     assert "eagle_aux_hidden_state_layer_ids=[0, 1, 3]" in f4.evidence and "[4]" in f4.evidence
 
 
+def test_preflight_refuses_aux_ids_a_deepseek_target_would_shift_differently(tmp_path):
+    # internal [1, 2, 3] → SGLang [0, 1, 2]: deepseek_v2.py adds +1 only when the first id is 1
+    draft = write_draft(tmp_path)
+    cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+    deepseek = {**TARGET, "architectures": ["DeepseekV3ForCausalLM"]}
+    f4 = failed(serve.preflight(draft, cmd, target_config=deepseek, env={}))["F4"]
+    assert "capture internal [0, 1, 2] instead of the trained [1, 2, 3]" in f4.evidence
+    assert "internal 2" in f4.fix
+    (tmp_path / "ok").mkdir()
+    ok = write_draft(tmp_path / "ok", eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2],
+                                                    "use_aux_hidden_state": True})
+    assert "F4" not in failed(serve.preflight(ok, cmd, target_config=deepseek, env={}))
+
+
 def test_preflight_refuses_aux_ids_only_at_the_top_level(tmp_path):
     draft = write_draft(tmp_path, eagle_config=..., eagle_aux_hidden_state_layer_ids=[1, 2, 3])
     cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
@@ -283,6 +297,13 @@ def test_cli_exits_nonzero_with_the_findings_on_a_bad_draft(tmp_path, capsys):
     assert "[F7 FAIL]" in err and "draft_vocab_size" in err and "[F5 FAIL]" in err
 
 
+def test_cli_names_an_unknown_draft_architecture(tmp_path, capsys):
+    draft = write_draft(tmp_path, architectures=["Qwen2ForCausalLMEagle"])
+    rc = serve.main(["--config", "tiny", "--draft", str(draft), "--target-path", "/m", "--print-command"])
+    assert rc == 1
+    assert "architectures[0]='Qwen2ForCausalLMEagle' has no known SGLang algorithm" in capsys.readouterr().err
+
+
 # --- launch / health / deadline / retry / stop ----------------------------------------------------
 
 @pytest.fixture
@@ -300,7 +321,8 @@ def test_launch_waits_for_health_then_stop_ends_the_process_group(tmp_path, fake
     port, child_pid_file = free_port(), tmp_path / "child.pid"
     cmd = [*fake_server, "--port", str(port), "--ready-after-s", "1.5", "--child-pid-file", str(child_pid_file)]
     started = time.monotonic()
-    server = serve.launch(cmd, log_path=tmp_path / "log" / "server.log", health_url=health(port), timeout_s=20)
+    server = serve.launch(cmd, log_path=tmp_path / "log" / "server.log", health_url=health(port), timeout_s=20,
+                          env={"EAGLENEST_TEST_MARK": "from-launch"})
     waited = time.monotonic() - started
     try:
         assert 1.5 <= waited < 10
@@ -313,7 +335,8 @@ def test_launch_waits_for_health_then_stop_ends_the_process_group(tmp_path, fake
     assert serve.health_status(health(port)) is None
     time.sleep(0.2)  # let init reap the child
     assert not pid_alive(child), "stop() must end the server's children (SGLang scheduler processes)"
-    assert "fake server argv" in (tmp_path / "log" / "server.log").read_text()
+    # the server's output is in the log, and it saw the extra variable on top of our environment
+    assert "mark: from-launch" in (tmp_path / "log" / "server.log").read_text()
 
 
 def test_stop_kills_a_server_that_ignores_sigterm_after_the_grace_period(tmp_path, fake_server):

@@ -18,12 +18,13 @@ from steps.shards import write_shard
 from steps.store import open_store
 from steps.train import (
     build_plan,
+    layouts,
     load_draft,
     lr_at,
     pack,
     read_target_head,
     run,
-    ttt_masks,
+    ttt_mask,
 )
 
 LAYER_IDS = [1, 2, 3]
@@ -110,15 +111,17 @@ def config(**train):
 
 def test_training_reduces_the_loss_and_raises_step0_accuracy(source, tmp_path):
     store, ids = fresh_store(source, tmp_path)
-    m = run(config(), store, **ids)
+    m = run(config(lr=1e-2, epochs=16), store, **ids)
     log = [json.loads(line) for line in (tmp_path / "store/artifacts/draft" / m.id / "train_log.jsonl").open()]
     first = log[0]
     assert m.metrics["steps"] == len(log) == m.metrics["planned_steps"]
-    assert m.metrics["final_loss"] < 0.5 * first["loss"], (first["loss"], m.metrics["final_loss"])
-    assert m.metrics["acc"][0] > first["acc"][0] + 0.25, (first["acc"], m.metrics["acc"])
+    # the floor is the target's own entropy (≈ half the start here), so -25% is most of the way
+    assert m.metrics["final_loss"] < 0.75 * first["loss"], (first["loss"], m.metrics["final_loss"])
+    assert m.metrics["acc"][0] > first["acc"][0] + 0.35, (first["acc"], m.metrics["acc"])
+    assert m.metrics["acc"][2] > first["acc"][2] + 0.25                   # the chain steps learn too
     assert len(m.metrics["acc"]) == 3
     assert m.metrics["shards_read"] == m.metrics["shards_total"] == SHARDS
-    assert m.metrics["tokens"] == 8 * SHARDS * SEQS_PER_SHARD * (PROMPT + ANSWER)
+    assert m.metrics["tokens"] == 16 * SHARDS * SEQS_PER_SHARD * (PROMPT + ANSWER)
     assert m.metrics["tokens_per_s"] > 0
 
 
@@ -175,8 +178,8 @@ def test_every_shard_is_read_through_a_cache_smaller_than_the_data(source, tmp_p
     with moto.mock_aws():
         import boto3
 
-        boto3.client("s3").create_bucket(Bucket="b")
-        store = open_store("s3://b/eaglenest", cache_dir=tmp_path / "cache")
+        boto3.client("s3").create_bucket(Bucket="eaglenest-test")
+        store = open_store("s3://eaglenest-test/store", cache_dir=tmp_path / "cache")
         for p in root.rglob("*"):
             if p.is_file():
                 store.backend.put_file(str(p.relative_to(root)), p)
@@ -204,14 +207,27 @@ def test_packing_fills_rows_without_splitting_sequences_and_the_plan_is_seeded()
 
 def test_ttt_masks_are_block_diagonal_for_real_keys_and_diagonal_for_chain_keys():
     doc = torch.tensor([[0, 0, 0, 1, 1, -1]])
-    m = ttt_masks(doc, 3)
+    lays = layouts(None, doc, 3)
+    m = [ttt_mask(doc, lays, j) for j in range(3)]
     assert [tuple(x.shape) for x in m] == [(1, 1, 6, 6), (1, 1, 6, 12), (1, 1, 6, 18)]
     real = m[2][0, 0, :, :6]
     assert real[4].tolist() == [False, False, False, True, True, False]     # own sequence, <= p
     assert real[2].tolist() == [True, True, True, False, False, False]
-    assert real[5].tolist() == [False] * 5 + [True]                          # padding sees only itself
+    assert torch.equal(m[0][0, 0, 5], torch.tensor([False] * 5 + [True]))   # padding sees only itself
     assert torch.equal(m[2][0, 0, :, 6:12], torch.eye(6, dtype=torch.bool))
     assert torch.equal(m[2][0, 0, :, 12:], torch.eye(6, dtype=torch.bool))
+
+
+def test_chain_steps_compute_only_positions_with_a_counted_prediction_left():
+    doc = torch.tensor([[0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0]])
+    valid = [torch.tensor([[0, 1, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0]]).bool(),
+             torch.tensor([[1, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0]]).bool()]
+    lays = layouts(valid, doc, 2)
+    assert lays[0].idx.tolist() == [list(range(6))] * 2                    # step 0: every real key
+    assert lays[1].idx[:, :1].tolist() == [[0], [2]] and lays[1].idx.shape == (2, 1)
+    mask = ttt_mask(doc, lays, 1)[:, 0]                                    # [B, 1, 6 + 1]
+    assert mask[0, 0].tolist() == [True, False, False, False, False, False, True]
+    assert mask[1, 0].tolist() == [True, True, True, False, False, False, True]
 
 
 def test_lr_warms_up_then_decays_to_min_ratio():

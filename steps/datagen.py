@@ -1,0 +1,332 @@
+"""Datagen: the target regenerates the assistant turns, then each conversation is tokenized.
+
+Reads the prompts of `cfg.dataset` (steps/prompts.py) and a target artifact; writes a `dataset`
+artifact of `conversations/part-{i:05d}.jsonl` chunks, each row `{"id", "source", "messages",
+"input_ids", "loss_mask", "finished"}`. The draft must imitate what *this* target says in the mode
+it is served in (greedy by default), not what some other model once answered: training on foreign
+answers is the cheapest way to a low acceptance rate that no check notices (F9).
+
+Generation runs in-process (`local`: batched `generate` with left padding and a KV cache) or
+against any OpenAI-compatible server (`openai`: /v1/chat/completions, `concurrency` threads,
+failures counted per prompt). Each chunk is uploaded as soon as it is written, so a crashed run
+resumes from its committed chunks; the manifest is written last and only if something succeeded.
+
+The loss mask is built in one place, `tokenize_conversation`: 1 exactly on the assistant's tokens
+including its end-of-turn token, 0 on system/user/template tokens. It is derived by rendering
+prefixes of the conversation with the tokenizer's own chat template and refuses templates for
+which that is not well defined (a mask shifted by one token trains the draft on the wrong targets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from steps.config import DatagenConfig, PipelineConfig, find_config, load_config
+from steps.prompts import load_prompts
+from steps.store import Manifest, Store, artifact_id, canonical_json, open_store
+
+#: prompts per committed chunk: the unit of resume (a crash loses at most one chunk of work).
+CHUNK_PROMPTS = 64
+#: seconds one OpenAI-compatible request may take before it is counted as an error.
+REQUEST_TIMEOUT_S = 600.0
+STAT_KEYS = ("ok", "errors", "skipped", "empty", "truncated", "tokens", "assistant_tokens",
+             "generated_tokens", "gen_s")
+
+
+# --- tokenization (the one place that builds loss masks) ----------------------------------------------
+
+def _render(tokenizer: Any, messages: list[dict[str, str]], *, gen_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen_prompt)
+
+
+def _special_tokens(tokenizer: Any) -> list[str]:
+    added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special]
+    return sorted(set(tokenizer.all_special_tokens) | set(added), key=len, reverse=True)
+
+
+def _template_error(tokenizer: Any, problem: str) -> ValueError:
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    return ValueError(f"chat template of tokenizer {name!r}: {problem}; the loss mask cannot be derived "
+                      "from it. Use a template whose renders of a conversation's prefixes are prefixes of "
+                      "each other and which closes every assistant turn with a special end-of-turn token.")
+
+
+def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask): mask 1 on each assistant turn's content and its end-of-turn token.
+
+    Rendering the first k messages (with the generation prompt before an assistant turn) must be a
+    prefix of rendering k+1; the text between is tokenized segment by segment, as the server saw it
+    (prompt tokens, then the generated ones).
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+
+    def extend(text: str, value: int) -> None:
+        new = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        ids.extend(new)
+        mask.extend([value] * len(new))
+
+    done = ""
+    for k, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        head, full = _render(tokenizer, messages[:k], gen_prompt=True), _render(tokenizer, messages[: k + 1])
+        if not head.startswith(done):
+            raise _template_error(tokenizer, f"rendering messages[:{k}] is not a prefix-extension of the "
+                                  "previous render (the template rewrites earlier turns)")
+        if not full.startswith(head + msg["content"]):
+            raise _template_error(tokenizer, f"messages[{k}] (assistant) is not rendered verbatim right after "
+                                  "the generation prompt (the template trims or rewrites assistant content)")
+        tail = full[len(head) + len(msg["content"]):]
+        eot = next((s for s in _special_tokens(tokenizer) if tail.startswith(s)), None)
+        if eot is None:
+            raise _template_error(tokenizer, f"assistant turn {k} is followed by {tail[:20]!r}, "
+                                  "not by a special end-of-turn token")
+        extend(head[len(done):], 0)
+        extend(msg["content"] + eot, 1)
+        extend(tail[len(eot):], 0)
+        done = full
+    rest = _render(tokenizer, messages)
+    if not rest.startswith(done):
+        raise _template_error(tokenizer, "rendering the whole conversation is not an extension of its prefix")
+    extend(rest[len(done):], 0)
+    return ids, mask
+
+
+# --- identity ------------------------------------------------------------------------------------------
+
+def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_prompts: int) -> dict[str, Any]:
+    """What determines the dataset besides the target: configs, seed, chunking and the prompts' content."""
+    digest = hashlib.sha256(canonical_json(prompts).encode()).hexdigest()
+    return {"dataset": cfg.dataset.model_dump(mode="json"), "datagen": cfg.datagen.model_dump(mode="json"),
+            "seed": cfg.seed, "chunk_prompts": chunk_prompts, "prompts_sha256": digest}
+
+
+# --- generation backends ------------------------------------------------------------------------------
+# Each backend maps a list of prompts (with their rendered token ids) to one result per prompt:
+# {"text": str | None, "tokens": int, "finished": bool, "error": str | None}.
+
+def stop_token_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
+    """eos plus the ChatML end-of-turn token when the vocabulary has one."""
+    ids = {tokenizer.eos_token_id}
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    eos_cfg = getattr(model_config, "eos_token_id", None)
+    ids |= set(eos_cfg if isinstance(eos_cfg, list) else [eos_cfg])
+    return sorted(i for i in ids if i is not None)
+
+
+def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: DatagenConfig,
+                   seed: int) -> list[dict[str, Any]]:
+    """Greedy (or seeded sampled) batched generation with left padding and the KV cache."""
+    stops = stop_token_ids(tokenizer, model.config)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    width = max(len(x) for x in batch)
+    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch])  # [B, L], left padded
+    attention_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch])
+    sampling = dg.temperature > 0
+    if sampling:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=dg.max_new_tokens,
+                             do_sample=sampling, temperature=dg.temperature if sampling else None,
+                             top_p=None, top_k=None, eos_token_id=stops, pad_token_id=pad)
+    results = []
+    for row in out[:, width:].tolist():
+        end = next((i for i, t in enumerate(row) if t in stops), None)
+        gen = row[:end] if end is not None else row
+        results.append({"text": tokenizer.decode(gen, skip_special_tokens=True), "finished": end is not None,
+                        "tokens": len(gen) + (end is not None), "error": None})
+    return results
+
+
+def chat_completions_url(server_url: str) -> str:
+    base = server_url.rstrip("/")
+    return f"{base}/chat/completions" if base.endswith("/v1") else f"{base}/v1/chat/completions"
+
+
+def _http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = REQUEST_TIMEOUT_S) -> Any:
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def served_model_name(server_url: str, fallback: str) -> str:
+    """The first model the server lists (vLLM rejects requests naming any other)."""
+    try:
+        return _http_json(chat_completions_url(server_url).replace("/chat/completions", "/models"),
+                          timeout=30)["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return fallback
+
+
+def _openai_one(url: str, model: str, prompt: dict[str, Any], dg: DatagenConfig, seed: int) -> dict[str, Any]:
+    payload = {"model": model, "messages": prompt["messages"], "temperature": dg.temperature,
+               "max_tokens": dg.max_new_tokens}
+    if dg.temperature > 0:
+        payload["seed"] = seed
+    try:
+        resp = _http_json(url, payload)
+        choice = resp["choices"][0]
+        return {"text": choice["message"]["content"] or "", "finished": choice.get("finish_reason") == "stop",
+                "tokens": int((resp.get("usage") or {}).get("completion_tokens") or 0), "error": None}
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
+        detail = err.read().decode(errors="replace")[:200] if isinstance(err, urllib.error.HTTPError) else ""
+        return {"text": None, "finished": False, "tokens": 0, "error": f"{type(err).__name__}: {err} {detail}"}
+
+
+def generate_openai(prompts: list[dict[str, Any]], dg: DatagenConfig, model: str, seed: int) -> list[dict[str, Any]]:
+    """One chat completion per prompt over `concurrency` threads; failures become per-prompt errors."""
+    url = chat_completions_url(str(dg.server_url))
+    with ThreadPoolExecutor(max_workers=dg.concurrency) as pool:
+        return list(pool.map(lambda ip: _openai_one(url, model, ip[1], dg, seed + ip[0]), enumerate(prompts)))
+
+
+# --- one chunk ----------------------------------------------------------------------------------------
+
+def generate_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfig, *, model: Any = None,
+                   served_name: str = "", seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Answer one chunk of prompts and tokenize the conversations; returns (rows, stats)."""
+    stats: dict[str, Any] = dict.fromkeys(STAT_KEYS, 0)
+    prompt_ids = [tokenizer(_render(tokenizer, p["messages"], gen_prompt=True), add_special_tokens=False)["input_ids"]
+                  for p in prompts]
+    todo = [i for i, ids in enumerate(prompt_ids) if len(ids) <= dg.max_prompt_tokens]
+    stats["skipped"] = len(prompts) - len(todo)
+    results: dict[int, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    if dg.backend == "local":
+        todo.sort(key=lambda i: len(prompt_ids[i]))  # similar lengths share a batch: less padding
+        for b in range(0, len(todo), dg.batch_size):
+            idx = todo[b:b + dg.batch_size]
+            answers = generate_local(model, tokenizer, [prompt_ids[i] for i in idx], dg, seed + b)
+            results.update(zip(idx, answers, strict=True))
+    else:
+        results.update(zip(todo, generate_openai([prompts[i] for i in todo], dg, served_name, seed), strict=True))
+    stats["gen_s"] = time.perf_counter() - t0
+    rows = []
+    for i in sorted(results):
+        row = _conversation_row(prompts[i], results[i], tokenizer, stats)
+        if row is not None:
+            rows.append(row)
+    return rows, stats
+
+
+def _conversation_row(prompt: dict[str, Any], result: dict[str, Any], tokenizer: Any,
+                      stats: dict[str, Any]) -> dict[str, Any] | None:
+    if result["error"] is not None:
+        stats["errors"] += 1
+        stats.setdefault("first_error", result["error"])
+        return None
+    text = result["text"].strip()
+    if not text:
+        stats["empty"] += 1
+        return None
+    messages = prompt["messages"] + [{"role": "assistant", "content": text}]
+    input_ids, loss_mask = tokenize_conversation(tokenizer, messages)
+    stats["ok"] += 1
+    stats["truncated"] += not result["finished"]
+    stats["tokens"] += len(input_ids)
+    stats["assistant_tokens"] += sum(loss_mask)
+    stats["generated_tokens"] += result["tokens"]
+    return {"id": prompt["id"], "source": prompt["source"], "messages": messages, "input_ids": input_ids,
+            "loss_mask": loss_mask, "finished": result["finished"]}
+
+
+# --- step ---------------------------------------------------------------------------------------------
+
+def _chunk_path(i: int) -> str:
+    return f"conversations/part-{i:05d}.jsonl"
+
+
+def _totals(chunk_stats: list[dict[str, Any]], n_prompts: int) -> dict[str, Any]:
+    total = {k: sum(s.get(k, 0) for s in chunk_stats) for k in STAT_KEYS}
+    total["gen_s"] = round(total["gen_s"], 2)
+    total["tokens_per_s"] = round(total["generated_tokens"] / total["gen_s"], 1) if total["gen_s"] else 0.0
+    return {**total, "prompts": n_prompts}
+
+
+def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int = CHUNK_PROMPTS) -> Manifest:
+    """Regenerate the assistant turns of cfg.dataset's prompts with the target (resumable)."""
+    from tqdm import tqdm
+
+    from steps.target import load_target, load_tokenizer
+
+    prompts = load_prompts(cfg.dataset, cfg.seed)
+    did = artifact_id("dataset", dataset_identity(cfg, prompts, chunk_prompts), {"target": target_id})
+    if store.exists("dataset", did):
+        return store.manifest("dataset", did)
+    local = cfg.datagen.backend == "local"
+    model, tokenizer = load_target(store, target_id) if local else (None, load_tokenizer(store, target_id))
+    served = "" if local else served_model_name(str(cfg.datagen.server_url), cfg.target.display_name)
+    writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id},
+                         config=dataset_identity(cfg, prompts, chunk_prompts))
+    chunk_stats, bar = [], tqdm(total=len(prompts), desc="datagen", unit="prompt", file=sys.stderr)
+    for i, start in enumerate(range(0, len(prompts), chunk_prompts)):
+        chunk, rel = prompts[start:start + chunk_prompts], _chunk_path(i)
+        if writer.has(rel):  # committed by an earlier, interrupted run
+            chunk_stats.append(writer.uploaded(rel)["stats"])
+        else:
+            rows, stats = generate_chunk(chunk, tokenizer, cfg.datagen, model=model, served_name=served,
+                                         seed=cfg.seed * 1_000_003 + start)
+            chunk_stats.append(stats)
+            if stats["ok"]:  # a chunk where every prompt failed is retried by the next run
+                writer.path(rel).write_text("".join(json.dumps(r) + "\n" for r in rows))
+                writer.upload(rel, extra={"stats": stats, "first_id": chunk[0]["id"]})
+        bar.update(len(chunk))
+        bar.set_postfix(ok=sum(s["ok"] for s in chunk_stats), errors=sum(s["errors"] for s in chunk_stats))
+    bar.close()
+    metrics = _totals(chunk_stats, len(prompts))
+    if metrics["ok"] == 0:
+        first = next((s["first_error"] for s in chunk_stats if "first_error" in s), "no answers")
+        raise RuntimeError(f"datagen: no prompt of {len(prompts)} got a usable answer ({metrics['errors']} errors, "
+                           f"{metrics['skipped']} too long, {metrics['empty']} empty); first error: {first}")
+    return writer.commit(metrics=metrics, meta={"backend": cfg.datagen.backend, "chunks": len(chunk_stats)})
+
+
+def read_conversations(store: Store, dataset_id: str) -> Iterator[dict[str, Any]]:
+    """The rows of a dataset artifact, chunk by chunk in order (each file verified)."""
+    m = store.manifest("dataset", dataset_id)
+    for rec in sorted(m.files, key=lambda r: r["path"]):
+        if rec["path"].startswith("conversations/"):
+            with open(store.fetch_file("dataset", dataset_id, rec["path"], m)) as f:
+                for line in f:
+                    yield json.loads(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m steps.datagen", description="Regenerate answers with the target.")
+    ap.add_argument("--config", required=True, help="config name (tiny) or YAML path")
+    ap.add_argument("--store", default=None, help="store URI (default: $EAGLENEST_STORE or the config's)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="a.b=v")
+    ap.add_argument("--target", default=None, help="target artifact id (default: run the target step)")
+    args = ap.parse_args(argv)
+    cfg = load_config(find_config(args.config), args.overrides)
+    store = open_store(args.store or os.environ.get("EAGLENEST_STORE") or cfg.store)
+    if args.target is None:
+        from steps import target
+
+        args.target = target.run(cfg, store).id
+    print(run(cfg, store, args.target).id)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["run", "main", "tokenize_conversation", "read_conversations", "generate_chunk", "generate_local",
+           "generate_openai", "stop_token_ids", "dataset_identity"]

@@ -1,0 +1,268 @@
+"""Datagen: loss masks, end-to-end regeneration with the tiny target, resume, and the OpenAI backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from steps import datagen as D  # noqa: E402
+from steps import target as T  # noqa: E402
+from steps.config import load_config  # noqa: E402
+from steps.store import open_store  # noqa: E402
+
+PROMPTS = ["What does `json.dumps` do? Explain briefly.", "Name three colors.", "Who are you?",
+           "What is the `random.Random` class used for? Explain briefly.", "Write a haiku about tea.",
+           "What does `os.path.join` do? Explain briefly.", "Say hello.", "What is 2+2?"]
+CHUNK = 3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny target (short pretraining: datagen only needs a model that emits text)."""
+    root = tmp_path_factory.mktemp("tiny")
+    store = open_store(f"file://{root / 'store'}")
+    m = T.run(load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=30"]), store)
+    model, tok = T.load_target(store, m.id)
+    return store, m.id, model, tok
+
+
+def prompt_file(path, prompts=PROMPTS):
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    return path
+
+
+def cfg_for(path, *extra):
+    return load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=30",
+                                             f"dataset.sources=[{{kind: file, path: '{path}'}}]",
+                                             "datagen.max_new_tokens=12", "datagen.batch_size=4", *extra])
+
+
+def masked_runs(tok, ids, mask):
+    """Decoded text of each maximal run of loss_mask == 1."""
+    runs, cur = [], []
+    for i, m in zip(ids, mask, strict=True):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(tok.decode(cur)), cur.clear()
+    return runs + ([tok.decode(cur)] if cur else [])
+
+
+# --- tokenize_conversation -------------------------------------------------------------------------------
+
+def test_loss_mask_covers_exactly_assistant_text_and_end_of_turn(tiny):
+    _, _, _, tok = tiny
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "Count."},
+            {"role": "assistant", "content": "1 2 3\nfour"}]
+    ids, mask = D.tokenize_conversation(tok, msgs)
+    assert len(ids) == len(mask) and set(mask) == {0, 1}
+    assert masked_runs(tok, ids, mask) == ["Hello! How can I help?<|im_end|>", "1 2 3\nfour<|im_end|>"]
+    assert tok.decode(ids) == tok.apply_chat_template(msgs, tokenize=False)
+    assert mask[-1] == 0  # the "\n" after <|im_end|> is template, not the assistant's
+
+
+def test_templates_that_break_the_prefix_rule_are_refused(tiny):
+    _, _, _, tok = tiny
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "  padded  "}]
+    trimming = tok.chat_template.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
+    with pytest.raises(ValueError, match="chat template.*trims or rewrites"):
+        D.tokenize_conversation(_with_template(tok, trimming), msgs)
+    no_eot = tok.chat_template.replace("{{ m['content'] }}<|im_end|>", "{{ m['content'] }}\n\n")
+    with pytest.raises(ValueError, match="chat template.*not by a special end-of-turn token"):
+        D.tokenize_conversation(_with_template(tok, no_eot), msgs)
+
+
+def _with_template(tok, template):
+    import copy
+
+    t = copy.deepcopy(tok)
+    t.chat_template = template
+    return t
+
+
+# --- local backend, end to end ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def clean_run(tiny, tmp_path_factory):
+    store, tid, _, _ = tiny
+    path = prompt_file(tmp_path_factory.mktemp("data") / "prompts.jsonl")
+    m = D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK)
+    return store, tid, path, m
+
+
+def test_datagen_local_writes_masked_conversations(tiny, clean_run):
+    _, _, _, tok = tiny
+    store, _, _, m = clean_run
+    print("tiny datagen metrics:", m.metrics)
+    assert m.metrics["ok"] + m.metrics["empty"] == len(PROMPTS) and m.metrics["ok"] >= 6
+    assert m.metrics["errors"] == 0 and m.metrics["skipped"] == 0 and m.metrics["tokens_per_s"] > 0
+    assert [f["path"] for f in m.files] == [f"conversations/part-{i:05d}.jsonl" for i in range(3)]
+    rows = list(D.read_conversations(store, m.id))
+    assert len(rows) == m.metrics["ok"]
+    assert sum(sum(r["loss_mask"]) for r in rows) == m.metrics["assistant_tokens"]
+    assert sum(len(r["input_ids"]) for r in rows) == m.metrics["tokens"]
+    for r in rows:
+        assert r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["content"]
+        assert masked_runs(tok, r["input_ids"], r["loss_mask"]) == [r["messages"][-1]["content"] + "<|im_end|>"]
+        assert r["messages"][0] == {"role": "user", "content": PROMPTS[int(r["id"][1:])]}
+
+
+def test_datagen_is_greedy_deterministic_and_reused(tiny, clean_run):
+    _, _, model, tok = tiny
+    store, tid, path, m = clean_run
+    assert D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK).created == m.created
+    row = next(D.read_conversations(store, m.id))
+    enc = tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)
+    alone = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    assert row["messages"][-1]["content"] == alone  # batched + padded == one at a time
+
+
+def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
+    _, tid, path, clean = clean_run
+    store = open_store(f"file://{tmp_path / 'store'}")
+    src = T.target_dir(tiny[0], tid)  # same target artifact in a fresh store
+    dst = store.backend.local_path(store.key("target", tid))
+    import shutil
+    shutil.copytree(src, dst)
+    real, calls = D.generate_chunk, []
+
+    def crash_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("simulated crash")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(D, "generate_chunk", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK)
+    assert not store.exists("dataset", clean.id)
+    assert len(store.partial_files("dataset", clean.id)) == 2
+    calls.clear()
+    monkeypatch.setattr(D, "generate_chunk", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    m = D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK)
+    assert len(calls) == 1 and m.id == clean.id
+    assert {k: v for k, v in m.metrics.items() if k not in ("gen_s", "tokens_per_s")} == \
+        {k: v for k, v in clean.metrics.items() if k not in ("gen_s", "tokens_per_s")}
+    assert list(D.read_conversations(store, m.id)) == list(D.read_conversations(clean_run[0], clean.id))
+
+
+def test_long_prompts_are_skipped_and_counted(tiny, tmp_path):
+    store, tid, _, _ = tiny
+    path = prompt_file(tmp_path / "p.jsonl", ["Say hi.", "word " * 400])
+    m = D.run(cfg_for(path, "datagen.max_prompt_tokens=64"), store, tid)
+    assert m.metrics["skipped"] == 1 and m.metrics["ok"] + m.metrics["empty"] == 1
+
+
+def test_bad_input_leaves_no_artifact(tiny, tmp_path):
+    store, tid, _, _ = tiny
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "ok"}\n{"prompt": ""}\n')
+    with pytest.raises(ValueError, match=rf"{path}:2: field 'prompt'"):
+        D.run(cfg_for(path), store, tid)
+    assert store.list("dataset") == [] or all(store.exists("dataset", d) for d in store.list("dataset"))
+
+
+# --- openai backend against a real local HTTP server ------------------------------------------------------
+
+class StandIn:
+    """An OpenAI-compatible chat server on 127.0.0.1 that answers with the tiny target (greedy)."""
+
+    def __init__(self, model, tok, fail_all=False):
+        self.model, self.tok, self.fail_all = model, tok, fail_all
+        self.lock, self.answers = threading.Lock(), {}
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code, obj):
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    return self._send(200, {"object": "list", "data": [{"id": "tiny-standin", "object": "model"}]})
+                self._send(404, {"error": "not found"})
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/v1/chat/completions" or req.get("model") != "tiny-standin":
+                    return self._send(404, {"error": {"message": f"model {req.get('model')!r} not served"}})
+                if outer.fail_all or "FAIL" in req["messages"][-1]["content"]:
+                    return self._send(500, {"error": {"message": "internal error"}})
+                text, n, stop = outer.answer(req["messages"], req["max_tokens"], req["temperature"])
+                self._send(200, {"id": "x", "object": "chat.completion", "model": "tiny-standin",
+                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                              "finish_reason": "stop" if stop else "length"}],
+                                 "usage": {"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n}})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer(self, messages, max_tokens, temperature):
+        assert temperature == 0
+        enc = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
+        with self.lock, torch.no_grad():
+            out = self.model.generate(**enc, max_new_tokens=max_tokens, do_sample=False,
+                                      pad_token_id=self.tok.pad_token_id, eos_token_id=self.tok.eos_token_id)
+        gen = out[0, enc["input_ids"].shape[1]:].tolist()
+        stop = self.tok.eos_token_id in gen
+        gen = gen[:gen.index(self.tok.eos_token_id)] if stop else gen
+        text = self.tok.decode(gen, skip_special_tokens=True)
+        self.answers[messages[-1]["content"]] = text.strip()
+        return text, len(gen) + stop, stop
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_openai_backend_counts_errors_per_prompt(tiny, tmp_path):
+    store, tid, model, tok = tiny
+    server = StandIn(model, tok)
+    try:
+        path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:5] + ["Please FAIL this one."])
+        m = D.run(cfg_for(path, "datagen.backend=openai", f"datagen.server_url={server.url}",
+                          "datagen.concurrency=3"), store, tid)
+    finally:
+        server.close()
+    assert m.metrics["errors"] == 1 and m.metrics["ok"] + m.metrics["empty"] == 5
+    assert m.meta["backend"] == "openai" and m.metrics["generated_tokens"] > 0
+    for r in D.read_conversations(store, m.id):
+        assert r["messages"][-1]["content"] == server.answers[r["messages"][0]["content"]]
+        assert masked_runs(tok, r["input_ids"], r["loss_mask"]) == [r["messages"][-1]["content"] + "<|im_end|>"]
+
+
+def test_openai_backend_fails_without_manifest_when_nothing_succeeds(tiny, tmp_path):
+    store, tid, model, tok = tiny
+    server = StandIn(model, tok, fail_all=True)
+    try:
+        path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:3])
+        cfg = cfg_for(path, "datagen.backend=openai", f"datagen.server_url={server.url}/v1")
+        with pytest.raises(RuntimeError, match="no prompt of 3 got a usable answer.*HTTPError"):
+            D.run(cfg, store, tid)
+    finally:
+        server.close()
+    assert store.list("dataset") == [] or "p.jsonl" not in json.dumps([store.manifest("dataset", d).config
+                                                                      for d in store.list("dataset")])

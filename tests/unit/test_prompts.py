@@ -1,0 +1,133 @@
+"""Prompt sources: builtin counts, dedupe, the held-out MT-bench set, and user-file errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from steps import prompts as P  # noqa: E402
+from steps.config import DatasetConfig, PromptSource  # noqa: E402
+
+
+def _user(p: dict) -> str:
+    return p["messages"][-1]["content"]
+
+
+def test_sharegpt_is_deduplicated_by_first_turn():
+    rows = P.load_sharegpt()
+    firsts = [_user(r) for r in rows]
+    assert 40 <= len(rows) <= 60  # 500 records, ~52 distinct first turns
+    assert len(set(firsts)) == len(firsts)
+    assert all(r["messages"][-1]["role"] == "user" and r["source"] == "sharegpt" for r in rows)
+
+
+def test_mtbench_has_80_questions_and_filters_categories():
+    rows = P.load_mtbench()
+    assert len(rows) == 80 and len({r["id"] for r in rows}) == 80
+    coding = P.load_mtbench(categories=["coding"])
+    assert len(coding) == 10 and {r["category"] for r in coding} == {"coding"}
+    assert len(P.load_mtbench(limit=5)) == 5
+    assert all(len(r["turns"]) == 2 and _user(r) == r["turns"][0] for r in rows)
+    with pytest.raises(ValueError, match="known: .*coding"):
+        P.load_mtbench(categories=["cooking"])
+
+
+def test_humaneval_prompts_ask_to_complete_a_function():
+    rows = P.load_humaneval()
+    assert len(rows) == 164
+    assert _user(rows[0]).startswith("Complete the following Python function:\n```python\n")
+    assert _user(rows[0]).endswith("```") and "def has_close_elements" in _user(rows[0])
+
+
+def test_stdlib_questions_are_many_unique_and_deterministic():
+    rows = P.load_stdlib()
+    assert len(rows) > 1000
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert rows == P.load_stdlib()
+    questions = [r["messages"][0]["content"] for r in rows]
+    assert "What does `json.dumps` do? Explain briefly." in questions
+
+
+def test_mtbench_is_refused_as_a_training_source():
+    with pytest.raises(ValueError, match="held-out"):
+        P.load_source(PromptSource(kind="mtbench"))
+
+
+def test_load_prompts_applies_limits_caps_and_is_seeded():
+    cfg = DatasetConfig(sources=[PromptSource(kind="stdlib", limit=30), PromptSource(kind="humaneval", limit=10)])
+    a, b, c = P.load_prompts(cfg, 0), P.load_prompts(cfg, 0), P.load_prompts(cfg, 1)
+    assert len(a) == 40 and a == b and a != c
+    assert sum(p["source"] == "humaneval" for p in a) == 10
+    assert {p["source"] for p in a[:20]} == {"stdlib", "humaneval"}  # mixed, not concatenated
+    capped = P.load_prompts(DatasetConfig(sources=cfg.sources, max_prompts=7), 0)
+    assert len(capped) == 7
+
+
+def test_training_prompts_equal_to_mtbench_questions_are_dropped(tmp_path):
+    question = P.load_mtbench()[3]["messages"][0]["content"]
+    f = tmp_path / "mine.jsonl"
+    f.write_text(json.dumps({"prompt": question}) + "\n" + json.dumps({"prompt": "Name three colors."}) + "\n")
+    out = P.load_prompts(DatasetConfig(sources=[PromptSource(kind="file", path=str(f))]), 0)
+    assert [_user(p) for p in out] == ["Name three colors."]
+
+
+def test_file_formats_messages_prompt_and_sharegpt(tmp_path):
+    f = tmp_path / "d.jsonl"
+    rows = [
+        {"id": "a", "messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"},
+                                 {"role": "assistant", "content": "old answer"}]},
+        {"prompt": "Write a haiku."},
+        {"conversations": [{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": "4"}]},
+    ]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    out = P.load_file(f)
+    assert out[0] == {"id": "a", "source": "file", "messages": [{"role": "system", "content": "Be terse."},
+                                                                 {"role": "user", "content": "Hi"}]}
+    assert out[1]["messages"] == [{"role": "user", "content": "Write a haiku."}] and out[1]["id"] == "d-2"
+    assert out[2]["messages"] == [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.mark.parametrize("line, field", [
+    ('{"messages": [{"role": "user", "content": "hi"}', "not valid JSON"),
+    ('{"text": "no usable field"}', "'messages'"),
+    ('{"messages": [{"role": "user", "content": ""}]}', "'messages[0].content'"),
+    ('{"prompt": "   "}', "'prompt'"),
+    ('{"prompt": 42}', "'prompt'"),
+    ('{"messages": [{"role": "user", "content": 3}]}', "'messages[0]'"),
+    ('{"messages": "hi"}', "'messages'"),
+    ('{"conversations": [{"from": "robot", "value": "x"}]}', "'conversations[0].from'"),
+    ('[1, 2]', "expected a JSON object"),
+])
+def test_malformed_rows_name_file_line_and_field(tmp_path, line, field):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"prompt": "fine"}\n\n' + line + "\n")
+    with pytest.raises(ValueError) as err:
+        P.load_file(f)
+    msg = str(err.value)
+    assert f"{f}:3" in msg and field in msg
+
+
+def test_empty_file_and_missing_file_are_errors(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="empty.jsonl: no rows"):
+        P.load_file(tmp_path / "empty.jsonl")
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        P.load_file(tmp_path / "nope.jsonl")
+
+
+def test_parquet_and_saved_datasets_dir(tmp_path):
+    import datasets
+
+    ds = datasets.Dataset.from_list([{"prompt": "one"}, {"prompt": "two"}])
+    ds.to_parquet(str(tmp_path / "p.parquet"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    assert [_user(p) for p in P.load_file(tmp_path / "p.parquet")] == ["one", "two"]
+    assert [_user(p) for p in P.load_file(tmp_path / "saved")] == ["one", "two"]
+    datasets.Dataset.from_list([{"prompt": "ok"}, {"prompt": ""}]).to_parquet(str(tmp_path / "bad.parquet"))
+    with pytest.raises(ValueError, match=r"bad.parquet: row 2: field 'prompt'"):
+        P.load_file(tmp_path / "bad.parquet")
