@@ -17,7 +17,7 @@ from steps.store import Store, open_store
 
 #: command → (module with a `main(argv) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "target": ("steps.target", "make the target artifact (SmolLM2 from its package, the tiny target, or a local HF dir)"),
+    "target": ("steps.target", "make the target artifact (SmolLM2 from its package, tiny, or a local HF dir)"),
     "datagen": ("steps.datagen", "regenerate assistant turns with the target"),
     "extract": ("steps.extract", "capture aux + final hidden states in rounds under a disk budget"),
     "mapping": ("steps.mapping", "build the draft vocab map (d2t / t2d)"),

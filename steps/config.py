@@ -41,7 +41,7 @@ def parse_size(value: int | str) -> int:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 # --- target -------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
-from steps.config import PipelineConfig, parse_size, resolve_draft_shape, resolve_max_position_embeddings
+from steps.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
 from steps.draft import DraftCache, DraftConfig, Eagle3Draft
 from steps.mapping import load_vocab, validate_vocab
 from steps.shards import read_shard
@@ -423,7 +423,7 @@ def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
     model, head_rows = s.model.to(device), s.head_rows.to(device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=BETAS,
                             weight_decay=t.weight_decay)
-    total = min(len(s.plan), t.max_steps or len(s.plan))
+    total = len(s.plan) if t.max_steps is None else min(len(s.plan), t.max_steps)   # 0: the untrained control
     state, recent = restore(staging, model, opt)
     s.reader.read.update(state["shards_read"])
     shard_name, shard = None, None
@@ -482,7 +482,7 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
     head = read_target_head(tdir, tcfg)
     torch.manual_seed(cfg.seed)
     model = Eagle3Draft.from_target(head, dcfg, d2t, t2d)
-    budget = cfg.train.cache_budget or parse_size(cfg.extract.disk_budget)   # the default is unparsed
+    budget = cfg.train.cache_budget or cfg.extract.disk_budget_bytes
     reader = ShardReader(store, hidden, int(budget))
     lengths = {rel: reader.lengths(rel) for rel in shard_paths(hidden)}
     plan = build_plan(lengths, epochs=cfg.train.epochs, seed=cfg.seed, max_length=cfg.train.max_length,

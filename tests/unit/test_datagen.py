@@ -30,7 +30,7 @@ def tiny(tmp_path_factory):
     """A tiny target (short pretraining: datagen only needs a model that emits text)."""
     root = tmp_path_factory.mktemp("tiny")
     store = open_store(f"file://{root / 'store'}")
-    m = T.run(load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=30"]), store)
+    m = T.run(load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=100"]), store)
     model, tok = T.load_target(store, m.id)
     return store, m.id, model, tok
 
@@ -41,7 +41,7 @@ def prompt_file(path, prompts=PROMPTS):
 
 
 def cfg_for(path, *extra):
-    return load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=30",
+    return load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=100",
                                              f"dataset.sources=[{{kind: file, path: '{path}'}}]",
                                              "datagen.max_new_tokens=12", "datagen.batch_size=4", *extra])
 
