@@ -5,6 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
+# SGLang 0.5.23's own argument parser judges our launch commands (tests/integration/test_sglang_parser.py).
+# It lives in its own venv: sglang pins a CUDA torch and other transformers; see the script.
+SGLANG_VENV ?= .venv-sglang
 # Offline by construction: nothing is downloaded from a model hub at run time.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -12,7 +15,7 @@ export HF_DATASETS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 
-.PHONY: demo test lint install clean
+.PHONY: demo test install sglang-venv clean
 
 install: $(STAMP)
 
@@ -30,7 +33,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: $(STAMP)
 	$(PY) -m flows.demo --config configs/smollm2-135m.yaml --out out/demo
 
-test: $(STAMP)
+sglang-venv:
+	scripts/setup-sglang-venv.sh $(SGLANG_VENV)
+
+test: $(STAMP) sglang-venv
 	$(PY) -m ruff check steps flows tests
 	$(PY) -m pytest -ra
 

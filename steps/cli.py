@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("steps.train", "train the EAGLE-3 draft with training-time test"),
     "export": ("steps.export", "write SGLang and vLLM draft directories, strictly checked"),
     "verify": ("steps.verify", "offline τ of an exported draft with the reference engine"),
+    "serve": ("steps.serve", "derive the SGLang launch command from an export, preflight it, launch it"),
     "pipeline": ("flows.pipeline_cli", "run the whole chain as a Prefect flow"),
     "demo": ("flows.demo", "the whole chain on the embedded default, with a summary"),
 }

@@ -190,8 +190,9 @@ def prepare(name: str, root: Path) -> Served:
 
 def run_judge(cases: list[dict[str, Any]], prefixes: list[str]) -> dict[str, Any]:
     if not SGLANG_PYTHON.exists():
-        pytest.fail(f"{SGLANG_PYTHON} is missing: run scripts/setup-sglang-venv.sh first (9-12 minutes on a busy 2-core machine, "
-                    "2.5 GB; `make test` does it). SGLang's own parser judges our launch commands here.")
+        pytest.fail(f"{SGLANG_PYTHON} is missing: run scripts/setup-sglang-venv.sh first (9-12 minutes on a busy "
+                    "2-core machine, 2.5 GB; `make test` does it). SGLang's own parser judges our launch commands "
+                    "here.")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "PYTHONPATH": ""}
     proc = subprocess.run([str(SGLANG_PYTHON), "-c", JUDGE], input=json.dumps({"cases": cases, "prefixes": prefixes}),

@@ -171,9 +171,10 @@ def test_bad_input_leaves_no_artifact(tiny, tmp_path):
     store, tid, _, _ = tiny
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "ok"}\n{"prompt": ""}\n')
+    before = store.list("dataset")
     with pytest.raises(ValueError, match=rf"{path}:2: field 'prompt'"):
         D.run(cfg_for(path), store, tid)
-    assert store.list("dataset") == [] or all(store.exists("dataset", d) for d in store.list("dataset"))
+    assert store.list("dataset") == before
 
 
 # --- openai backend against a real local HTTP server ------------------------------------------------------
@@ -256,6 +257,7 @@ def test_openai_backend_counts_errors_per_prompt(tiny, tmp_path):
 
 def test_openai_backend_fails_without_manifest_when_nothing_succeeds(tiny, tmp_path):
     store, tid, model, tok = tiny
+    before = store.list("dataset")
     server = StandIn(model, tok, fail_all=True)
     try:
         path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:3])
@@ -264,5 +266,14 @@ def test_openai_backend_fails_without_manifest_when_nothing_succeeds(tiny, tmp_p
             D.run(cfg, store, tid)
     finally:
         server.close()
-    assert store.list("dataset") == [] or "p.jsonl" not in json.dumps([store.manifest("dataset", d).config
-                                                                      for d in store.list("dataset")])
+    assert store.list("dataset") == before  # no manifest: the failed dataset does not exist
+
+
+def test_cli_runs_the_target_step_and_prints_the_dataset_id(clean_run, capsys):
+    store, tid, path, m = clean_run
+    sets = ["target.tiny.pretrain_steps=100", f"dataset.sources=[{{kind: file, path: '{path}'}}]",
+            "datagen.max_new_tokens=12", "datagen.batch_size=4"]
+    argv = ["--config", "configs/tiny.yaml", "--store", store.uri] + [a for s in sets for a in ("--set", s)]
+    assert D.main(argv) == 0
+    new_id = capsys.readouterr().out.strip()
+    assert store.exists("dataset", new_id) and store.manifest("dataset", new_id).inputs == {"target": tid}
