@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     records = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store)
     control = eagle3_pipeline(config=args.config, overrides=args.overrides + UNTRAINED, store=args.store)
     store_uri = args.store or load_config(find_config(args.config), args.overrides).store

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from steps import formats
-from steps.config import PipelineConfig, TargetConfig, find_config, load_config
+from steps.config import PipelineConfig, TargetConfig, config_dict, find_config, load_config
 from steps.layers import check_capturable, from_engine
 
 #: how the server is started: the module SGLang documents as its entry point.
@@ -424,6 +424,135 @@ def health_url_for(cfg: PipelineConfig, port: int | None = None) -> str:
     return f"http://{host}:{cfg.serve.port if port is None else port}/health_generate"
 
 
+# --- the serve step: start, smoke-test, record ----------------------------------------------------------
+
+#: `serve.engine` → the launcher; the reference server takes the very argv SGLang would.
+LAUNCHERS: dict[str, tuple[str, ...]] = {"sglang": SGLANG_LAUNCHER,
+                                         "reference": (sys.executable, "-m", "steps.reference_server")}
+#: live τ at or below this on the smoke prompt means serving is misconfigured, not training (F1, F9).
+SMOKE_MIN_TAU = 1.1
+
+
+class SmokeTestError(RuntimeError):
+    """The server is up but speculative decoding does not work through it (F1/F9)."""
+
+
+def baseline_command(cmd: Sequence[str]) -> list[str]:
+    """The same launch without a draft: every `--speculative-*` flag and its value removed."""
+    out, skip = [], False
+    for token in cmd:
+        if skip:
+            skip = False
+        elif token.startswith("--speculative-"):
+            skip = "=" not in token
+        else:
+            out.append(token)
+    return out
+
+
+def post_json(url: str, body: dict[str, Any], timeout_s: float = 600.0) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def smoke_test(cfg: PipelineConfig, base_url: str, input_ids: list[int]) -> dict[str, Any]:
+    """One /generate with the spec meta_info; live τ ≤ SMOKE_MIN_TAU raises (F1, F9)."""
+    from steps.metrics import acceptance_length_from_requests
+
+    r = post_json(f"{base_url}/generate", {"input_ids": input_ids, "sampling_params": {
+        "max_new_tokens": cfg.verify.max_new_tokens, "temperature": 0.0}})
+    meta = r["meta_info"]
+    if "spec_verify_ct" not in meta:
+        raise SmokeTestError(f"{base_url}/generate: meta_info has no spec_verify_ct (got {sorted(meta)}); the "
+                             "server is not decoding speculatively — check --speculative-algorithm")
+    tau = acceptance_length_from_requests([meta])
+    if tau <= SMOKE_MIN_TAU:
+        raise SmokeTestError(f"{base_url}: live τ = {tau:.2f} on the smoke prompt (≤ {SMOKE_MIN_TAU}); a draft "
+                             "that passed verify accepting nothing live means serving is misconfigured (F1: "
+                             "EAGLE instead of EAGLE3, F4: aux layers) — compare with the verify artifact's τ")
+    return {"tau": tau, "completion_tokens": meta["completion_tokens"], "spec_verify_ct": meta["spec_verify_ct"]}
+
+
+def start(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *, baseline: bool = False,
+          port: int | None = None, env: Mapping[str, str] | None = None) -> tuple[Any, Server]:
+    """Preflight, launch (F6 retry), smoke-test, and record a `serve` artifact; the server keeps running.
+
+    The caller stops it with `server.stop()`. `baseline=True` serves the target alone (no draft,
+    no preflight, no smoke test) for the benchmark's no-draft comparison.
+    """
+    from steps.export import export_dir
+    from steps.store import artifact_id, utc_now
+    from steps.target import target_dir
+
+    tdir, draft_dir = target_dir(store, target_id), export_dir(store, export_id, "sglang")
+    launcher = LAUNCHERS[cfg.serve.engine]
+
+    def command_for(disable: bool) -> list[str]:
+        cmd = build_sglang_command(cfg, target_path=tdir, draft_dir=draft_dir, port=port,
+                                   disable_cuda_graph=disable, launcher=launcher)
+        return baseline_command(cmd) if baseline else cmd
+
+    if not baseline:   # refuse before anything starts (F1, F4, F5, F7)
+        assert_preflight(preflight(draft_dir, command_for(False), target_config=target_config_for(cfg.target, tdir)))
+    inputs = {"export": export_id, "target": target_id}
+    # a running process is an event, not a pure function of its inputs: every start is its own artifact
+    serve_id = artifact_id("serve", {**config_dict(cfg.serve), "baseline": baseline, "started": utc_now()}, inputs)
+    log_dir = store.cache_dir / "serve-logs" / serve_id            # live logs keep growing: not in the artifact
+    server = launch_with_fallback(command_for, log_dir=log_dir, health_url=health_url_for(cfg, port),
+                                  timeout_s=cfg.serve.startup_timeout_s, env=env)
+    try:
+        smoke = {} if baseline else smoke_test(cfg, server.base_url, _smoke_prompt(cfg, tdir))
+        manifest = _record(store, serve_id, cfg, inputs, server, smoke=smoke, baseline=baseline)
+    except BaseException:
+        server.stop()
+        raise
+    return manifest, server
+
+
+def _smoke_prompt(cfg: PipelineConfig, tdir: Path) -> list[int]:
+    """The first held-out verify prompt, so the smoke τ is comparable with the offline τ."""
+    from transformers import AutoTokenizer
+
+    from steps.verify import held_out_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(tdir, trust_remote_code=cfg.target.trust_remote_code)
+    return held_out_prompts(cfg, tokenizer)[0][1]
+
+
+def _record(store: Any, serve_id: str, cfg: PipelineConfig, inputs: dict[str, str], server: Server, *,
+            smoke: dict[str, Any], baseline: bool) -> Any:
+    """The serve artifact: command, every attempt, the endpoint, and a snapshot of each attempt's log."""
+    writer = store.begin("serve", serve_id, step="serve", inputs=inputs, config=cfg.serve)
+    for a in server.attempts:
+        log = Path(a["log"])
+        writer.path(f"logs/{log.name}").write_bytes(log.read_bytes() if log.is_file() else b"")
+    writer.path("attempts.json").write_text(json.dumps(server.attempts, indent=2))
+    info = _get_json(f"{server.base_url}/server_info")
+    return writer.commit(metrics={"smoke_tau": smoke.get("tau"), "attempts": len(server.attempts)},
+                         meta={"command": shlex.join(server.command), "attempts": server.attempts,
+                               "endpoint": server.base_url, "engine": cfg.serve.engine, "baseline": baseline,
+                               "pid": server.process.pid, "live_log": str(server.log_path), "smoke": smoke,
+                               "server_version": info.get("version"),
+                               "logs": [f"logs/{Path(a['log']).name}" for a in server.attempts]})
+
+
+def _get_json(url: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def run(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *,
+        env: Mapping[str, str] | None = None) -> Any:
+    """Start the server for an export, smoke-test it, record it, stop it; returns the serve manifest.
+
+    The pipeline that needs the server running (benchmark, gate) calls `start` and stops it itself.
+    """
+    manifest, server = start(cfg, store, export_id, target_id, env=env)
+    server.stop()
+    return manifest
+
+
 # --- CLI -----------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -479,7 +608,8 @@ def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> in
     return server.stop()
 
 
-__all__ = ["ALGORITHM_BY_ARCHITECTURE", "Finding", "PreflightError", "Server", "ServerStartError",
+__all__ = ["ALGORITHM_BY_ARCHITECTURE", "Finding", "PreflightError", "Server", "ServerStartError", "SmokeTestError",
+           "start", "run", "baseline_command", "smoke_test",
            "assert_preflight", "build_sglang_command", "launch", "launch_with_fallback", "preflight",
            "speculative_algorithm", "target_config_for", "health_url_for"]
 

@@ -277,3 +277,15 @@ def test_cli_runs_the_target_step_and_prints_the_dataset_id(clean_run, capsys):
     assert D.main(argv) == 0
     new_id = capsys.readouterr().out.strip()
     assert store.exists("dataset", new_id) and store.manifest("dataset", new_id).inputs == {"target": tid}
+
+
+def test_sampling_is_seeded(tiny):
+    _, _, model, tok = tiny
+    cfg = load_config("configs/tiny.yaml", ["datagen.temperature=1.0", "datagen.max_new_tokens=12",
+                                            "datagen.batch_size=4"])
+    prompts = [{"id": f"p{i}", "source": "test", "messages": [{"role": "user", "content": p}]}
+               for i, p in enumerate(PROMPTS[:4])]
+    a, _ = D.generate_chunk(prompts, tok, cfg.datagen, model=model, seed=5)
+    b, _ = D.generate_chunk(prompts, tok, cfg.datagen, model=model, seed=5)
+    c, _ = D.generate_chunk(prompts, tok, cfg.datagen, model=model, seed=6)
+    assert a == b and a != c

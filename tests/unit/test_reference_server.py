@@ -1,0 +1,334 @@
+"""steps/reference_server.py and serve.start/run: real processes, real HTTP on 127.0.0.1.
+
+The world: a "bigram" tiny Llama target (decoder layers add nothing: o_proj and down_proj zero,
+orthonormal embeddings, so the next token is B(x)) with a byte-level ChatML tokenizer, and a
+hand-built copying draft (the approach of tests/unit/test_engine.py) that knows B∘B through `fc`,
+written as a `draft` artifact and exported by steps.export. Its d_1 is always right, so live τ is
+well above 1 with EAGLE3 and collapses with EAGLE (fc skipped: F1 for real).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from steps import export, serve, verify
+from steps.config import parse_config
+from steps.draft import DraftConfig, Eagle3Draft
+from steps.engine import Engine
+from steps.formats import load_sglang_draft
+from steps.metrics import AcceptStats, acceptance_length_from_requests
+from steps.reference_server import HANG_ENV
+from steps.store import open_store
+
+H, LAYERS, LAYER_IDS, K = 288, 4, [1, 2, 3], 3
+F6_TIMEOUT_S = 25
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+# --- the world (duplicated in tests/unit/test_benchmark.py: test files do not share fixtures) ------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bigram_target_dir(root: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from steps.target import CHATML_TEMPLATE
+
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}, merges=[]))
+    tk.pre_tokenizer, tk.decoder = ByteLevel(add_prefix_space=False, use_regex=False), decoders.ByteLevel()
+    tk.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>")
+    tok.chat_template = CHATML_TEMPLATE
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=H, intermediate_size=256,
+                                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=512, eos_token_id=tok.eos_token_id,
+                                         tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        q, _ = torch.linalg.qr(torch.randn(H, H))
+        model.model.embed_tokens.weight.copy_(q[:len(tok)] * 3.0)
+    out = root / "target"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def copying_draft(target_dir: Path) -> Eagle3Draft:
+    """out_hidden = fc(aux) = Q·E[x_p]; lm_head scores B(B(x_p)); vocab = the image of B."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    V = target.config.vocab_size
+    emb = target.model.embed_tokens.weight.detach()
+    normed = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    bigram = (target.lm_head.weight.detach() @ normed.T).argmax(0)
+    vocab = torch.unique(bigram)
+    torch.manual_seed(1)
+    draft = Eagle3Draft(DraftConfig(hidden_size=H, intermediate_size=256, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=H // 4, rms_norm_eps=1e-6, rope_theta=10000.0,
+                                    max_position_embeddings=512, vocab_size=V, draft_vocab_size=len(vocab),
+                                    target_hidden_size=H, num_aux=len(LAYER_IDS))).eval()
+    q, _ = torch.linalg.qr(torch.randn(H, H))
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(emb)
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, :H] = q
+        draft.midlayer.self_attn.o_proj.weight.zero_()
+        draft.midlayer.mlp.down_proj.weight.zero_()
+        head = torch.zeros(len(vocab), H)
+        for x in range(V):
+            head[torch.searchsorted(vocab, bigram[bigram[x]])] += q @ normed[x]
+        draft.lm_head.weight.copy_(head)
+        draft.d2t.copy_(vocab - torch.arange(len(vocab)))
+        draft.t2d[vocab] = True
+    return draft
+
+
+def put_draft(store, draft: Eagle3Draft, n_layers: int) -> str:
+    writer = store.begin("draft", "copying", step="train")
+    save_file({k: v.contiguous() for k, v in draft.state_dict().items()}, str(writer.path("model.safetensors")))
+    meta = {**draft.cfg.to_dict(), "layer_ids": LAYER_IDS,
+            "target": {"num_hidden_layers": n_layers, "hidden_size": H, "vocab_size": draft.cfg.vocab_size,
+                       "max_position_embeddings": 512, "name": "bigram"}}
+    writer.path("draft_config.json").write_text(json.dumps(meta))
+    writer.commit(meta=meta)
+    return "copying"
+
+
+def build_world(root: Path, port: int) -> dict:
+    from steps import target
+
+    tdir = bigram_target_dir(root)
+    store = open_store(f"file://{root}/store")
+    cfg = parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(tdir)},
+                        "extract": {"aux_layer_ids": LAYER_IDS}, "export": {"dtype": "float32"},
+                        "verify": {"num_steps": K, "num_prompts": 3, "max_new_tokens": 24},
+                        "serve": {"engine": "reference", "port": port, "num_steps": K, "num_draft_tokens": K + 1,
+                                  "startup_timeout_s": 60}})
+    target_id = target.run(cfg, store).id
+    export_id = export.run(cfg, store, put_draft(store, copying_draft(tdir), LAYERS), target_id).id
+    return {"store": store, "cfg": cfg, "target_id": target_id, "export_id": export_id, "target_dir": tdir,
+            "draft_dir": export.export_dir(store, export_id, "sglang")}
+
+
+def get(url: str):
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return r.status, json.loads(r.read())
+
+
+def post(url: str, body: dict):
+    return serve.post_json(url, body, timeout_s=120)
+
+
+# --- fixtures -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_world(tmp_path_factory.mktemp("refserver"), free_port())
+
+
+@pytest.fixture(scope="module")
+def f6_run(world):
+    """serve.run with the F6 hang, in the background: its first attempt must time out, so it overlaps the rest."""
+    cfg = world["cfg"].model_copy(update={"serve": world["cfg"].serve.model_copy(
+        update={"port": free_port(), "startup_timeout_s": F6_TIMEOUT_S})})
+    result: dict = {}
+
+    def target():
+        try:
+            result["manifest"] = serve.run(cfg, world["store"], world["export_id"], world["target_id"],
+                                           env={**ENV, HANG_ENV: "1"})
+        except Exception as err:  # noqa: BLE001 — reported by the test that joins
+            result["error"] = err
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result, cfg
+
+
+@pytest.fixture(scope="module")
+def eagle_server(world, f6_run, tmp_path_factory):
+    """The same draft behind --speculative-algorithm EAGLE (preflight bypassed on purpose); loads in parallel."""
+    port = free_port()
+    cmd = serve.build_sglang_command(world["cfg"], target_path=world["target_dir"], draft_dir=world["draft_dir"],
+                                     port=port, launcher=serve.LAUNCHERS["reference"])
+    cmd[cmd.index("EAGLE3")] = "EAGLE"
+    log = tmp_path_factory.mktemp("eagle") / "eagle.log"
+    with log.open("wb") as f:
+        process = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **ENV},
+                                   start_new_session=True)
+    server = serve.Server(process, cmd, log, f"http://127.0.0.1:{port}/health_generate")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def spec_server(world, eagle_server):
+    """serve.start: preflight, launch, smoke test, serve artifact; the server keeps running."""
+    manifest, server = serve.start(world["cfg"], world["store"], world["export_id"], world["target_id"], env=ENV)
+    yield manifest, server
+    server.stop()
+
+
+# --- tests --------------------------------------------------------------------------------------------
+
+def test_serve_start_records_the_command_attempts_endpoint_logs_and_smoke_tau(world, spec_server):
+    manifest, server = spec_server
+    assert manifest.kind == "serve" and manifest.inputs == {"export": world["export_id"],
+                                                            "target": world["target_id"]}
+    assert "-m steps.reference_server" in manifest.meta["command"]
+    assert "--speculative-algorithm EAGLE3" in manifest.meta["command"]
+    assert [a["outcome"] for a in manifest.meta["attempts"]] == ["healthy"]
+    assert manifest.meta["endpoint"] == server.base_url == f"http://127.0.0.1:{world['cfg'].serve.port}"
+    assert manifest.metrics["smoke_tau"] > serve.SMOKE_MIN_TAU
+    log = world["store"].fetch_file("serve", manifest.id, manifest.meta["logs"][0]).read_text()
+    assert "listening on" in log and "ready in" in log
+
+
+def test_server_info_and_generate_speak_sglangs_fields(world, spec_server):
+    _, server = spec_server
+    status, info = get(f"{server.base_url}/server_info")
+    assert status == 200 and info["engine"] == "reference" and info["version"].startswith("reference-")
+    assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_num_steps"] == K
+    assert info["speculative_num_draft_tokens"] == K + 1 and info["speculative_eagle_topk"] == 1
+    assert info["speculative_draft_model_path"] == str(world["draft_dir"])
+    assert info["enable_metrics"] is True and info["tp"] == "1"          # other SGLang flags recorded
+    assert info["draft_load_report"]["dropped"] == [] and "internal_states" in info
+    assert get(f"{server.base_url}/health_generate")[0] == 200
+    r = post(f"{server.base_url}/generate", {"text": "def add(a, b):", "sampling_params":
+                                                 {"max_new_tokens": 12, "temperature": 0}})
+    meta = r["meta_info"]
+    for key in ("id", "finish_reason", "prompt_tokens", "completion_tokens", "e2e_latency", "spec_verify_ct",
+                "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_accept_rate", "spec_accept_length",
+                "spec_correct_drafts_histogram"):
+        assert key in meta, key
+    assert meta["completion_tokens"] == len(r["output_ids"]) <= 12
+    assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * K
+    assert sum(meta["spec_correct_drafts_histogram"]) == meta["spec_verify_ct"]
+    assert meta["spec_num_correct_drafts"] == sum(j * c for j, c in enumerate(meta["spec_correct_drafts_histogram"]))
+    batched = post(f"{server.base_url}/generate", {"input_ids": [[5, 6, 7], [8, 9]],
+                                                   "sampling_params": {"max_new_tokens": 5}})
+    assert isinstance(batched, list) and [b["meta_info"]["prompt_tokens"] for b in batched] == [3, 2]
+
+
+def test_speculative_output_equals_plain_output_and_live_tau_matches_offline(world, spec_server):
+    """The issue's requirement: the healthy drafter served live gives τ within 5% of offline τ on the same prompts."""
+    _, server = spec_server
+    cfg = world["cfg"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(world["target_dir"], dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(world["target_dir"])
+    draft, _ = load_sglang_draft(world["draft_dir"], target=target)
+    engine = Engine(target, tok, draft, layer_ids=verify.sglang_layer_ids(world["draft_dir"]), num_steps=K)
+    prompts = verify.held_out_prompts(cfg, tok)
+    live = [post(f"{server.base_url}/generate", {"input_ids": ids, "sampling_params":
+                                                 {"max_new_tokens": cfg.verify.max_new_tokens, "temperature": 0}})
+            for _, ids in prompts]
+    offline = AcceptStats(K)
+    for (_, ids), r in zip(prompts, live, strict=True):       # what verify.measure does, keeping the outputs
+        spec, stats = engine.generate(ids, cfg.verify.max_new_tokens, tok.eos_token_id)
+        offline.merge(stats)
+        assert r["output_ids"] == spec == engine.generate_plain(ids, cfg.verify.max_new_tokens, tok.eos_token_id)
+    live_tau = acceptance_length_from_requests([r["meta_info"] for r in live])
+    print(f"live τ {live_tau:.3f}  offline τ {offline.tau:.3f}")
+    assert offline.tau >= 2.0
+    assert abs(live_tau - offline.tau) <= 0.05 * offline.tau
+
+
+def test_v1_completions_streams_the_same_text_as_the_non_streaming_answer(spec_server):
+    _, server = spec_server
+    body = {"prompt": "import os\n", "max_tokens": 10, "temperature": 0}
+    whole = post(f"{server.base_url}/v1/completions", body)
+    req = urllib.request.Request(f"{server.base_url}/v1/completions",
+                                 data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    chunks = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    assert len(chunks) >= 2
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] > 0
+
+
+def test_temperature_above_zero_is_refused_not_silently_greedy(spec_server):
+    _, server = spec_server
+    with pytest.raises(urllib.error.HTTPError) as err:
+        post(f"{server.base_url}/generate", {"text": "x", "sampling_params": {"temperature": 1.0}})
+    assert err.value.code == 400 and "greedily" in err.value.read().decode()
+
+
+def test_eagle_algorithm_skips_fc_and_live_tau_collapses_f1(world, spec_server, eagle_server):
+    """F1 for real: preflight refuses EAGLE; served anyway, the same draft accepts almost nothing."""
+    _, good = spec_server
+    bad = eagle_server
+    with pytest.raises(serve.PreflightError, match="F1"):
+        serve.assert_preflight(serve.preflight(world["draft_dir"], bad.command, target_config={}))
+    deadline = time.monotonic() + 90
+    while serve.health_status(bad.health_url, 5) != 200:
+        assert bad.process.poll() is None and time.monotonic() < deadline, bad.log_path.read_text()
+        time.sleep(0.5)
+    prompts = [[5, 6, 7, 8, 9], [40, 41, 42], [100, 3, 77]]
+    body = {"sampling_params": {"max_new_tokens": 24}}
+    tau_bad = acceptance_length_from_requests(
+        [post(f"{bad.base_url}/generate", {**body, "input_ids": p})["meta_info"] for p in prompts])
+    tau_good = acceptance_length_from_requests(
+        [post(f"{good.base_url}/generate", {**body, "input_ids": p})["meta_info"] for p in prompts])
+    assert get(f"{bad.base_url}/server_info")[1]["speculative_algorithm"] == "EAGLE"
+    with pytest.raises(serve.SmokeTestError, match="F1"):
+        serve.smoke_test(world["cfg"], bad.base_url, prompts[0])
+    print(f"EAGLE τ {tau_bad:.3f}  EAGLE3 τ {tau_good:.3f}")
+    assert tau_bad <= 1.1 < 2.0 <= tau_good
+    assert bad.stop() == 0                        # SIGTERM: a graceful exit
+
+
+def test_a_cuda_graph_hang_times_out_then_serve_run_retries_without_graphs_f6(world, f6_run):
+    thread, result, cfg = f6_run
+    thread.join(timeout=F6_TIMEOUT_S + 90)
+    assert "error" not in result, result.get("error")
+    manifest = result["manifest"]
+    attempts = manifest.meta["attempts"]
+    assert [a["cuda_graph"] for a in attempts] == [True, False]
+    assert f"not healthy after {F6_TIMEOUT_S} s" in attempts[0]["outcome"] and attempts[1]["outcome"] == "healthy"
+    assert "--cuda-graph-backend-decode disabled" in attempts[1]["command"]
+    first_log = world["store"].fetch_file("serve", manifest.id, manifest.meta["logs"][0]).read_text()
+    assert "capturing CUDA graphs" in first_log
+    assert manifest.metrics["smoke_tau"] > serve.SMOKE_MIN_TAU
+    assert serve.health_status(f"{manifest.meta['endpoint']}/health", timeout_s=2) is None      # run stopped it
+
+
+def test_unknown_sglang_flags_are_recorded_and_baseline_drops_only_speculative_flags():
+    from steps.reference_server import extra_flags, parse_args
+
+    args, extras = parse_args(["--model-path", "m", "--enable-metrics", "--cuda-graph-max-bs-decode", "8",
+                               "--context-length=4096", "--tp", "2"])
+    assert args.speculative_algorithm is None
+    assert extras == {"enable_metrics": True, "cuda_graph_max_bs_decode": "8", "context_length": "4096", "tp": "2"}
+    assert extra_flags(["--a", "--b", "x"]) == {"a": True, "b": "x"}
+    cmd = ["py", "--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+           "--port", "1", "--enable-metrics"]
+    assert serve.baseline_command(cmd) == ["py", "--model-path", "m", "--port", "1", "--enable-metrics"]
