@@ -31,10 +31,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from steps.config import PipelineConfig, config_dict
+from steps.config import BenchmarkConfig, PipelineConfig, config_dict
+from steps.launch import get_json, post_json
 from steps.metrics import AcceptStats, acceptance_length_from_requests
 from steps.store import Manifest, Store, artifact_id
 
@@ -43,27 +43,14 @@ STEP = "benchmark"
 REQUEST_TIMEOUT_S = 600.0
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What is measured. Until the config has a `benchmark` section these derive from `verify`/`serve`."""
-    batch_sizes: tuple[int, ...] = (1, 4)        #: concurrent requests (threads); 1 = latency-bound decoding
-    temperatures: tuple[float, ...] = (0.0,)     #: 0 = greedy (the reference engine serves only greedy)
-    num_code_prompts: int = 4                    #: HumanEval stubs added to the MT-bench prompts
-    max_new_tokens: int = 128
-    ignore_eos: bool = True                      #: fixed output lengths make tokens/s comparable
-    stream_prompts: int = 4                      #: prompts streamed through /v1/completions for TTFT / ITL
-
-
-def settings_for(cfg: PipelineConfig) -> Settings:
-    section = getattr(cfg, "benchmark", None)
-    if section is not None:
-        return Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in config_dict(section).items()})
-    return Settings(max_new_tokens=cfg.verify.max_new_tokens)
+def settings_for(cfg: PipelineConfig) -> BenchmarkConfig:
+    """What is measured: the config's `benchmark` section."""
+    return cfg.benchmark
 
 
 # --- pinned prompts ----------------------------------------------------------------------------------
 
-def pinned_prompts(cfg: PipelineConfig, settings: Settings, tokenizer: Any) -> list[dict[str, Any]]:
+def pinned_prompts(cfg: PipelineConfig, settings: BenchmarkConfig, tokenizer: Any) -> list[dict[str, Any]]:
     """verify's held-out MT-bench prompts + the first HumanEval stubs, chat-templated: a deterministic list."""
     from steps.prompts import load_humaneval
     from steps.verify import held_out_prompts
@@ -79,17 +66,6 @@ def pinned_prompts(cfg: PipelineConfig, settings: Settings, tokenizer: Any) -> l
 
 
 # --- the client ----------------------------------------------------------------------------------------
-
-def post_json(url: str, body: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as response:
-        return json.loads(response.read())
-
-
-def get_json(url: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return json.loads(response.read())
-
 
 def generate(base_url: str, input_ids: list[int], *, max_new_tokens: int, temperature: float,
              ignore_eos: bool) -> dict[str, Any]:
@@ -119,7 +95,7 @@ def stream_completion(base_url: str, prompt: str, *, max_tokens: int, temperatur
             "completion_tokens": usage.get("completion_tokens")}
 
 
-def run_load(base_url: str, prompts: list[dict[str, Any]], *, batch: int, settings: Settings,
+def run_load(base_url: str, prompts: list[dict[str, Any]], *, batch: int, settings: BenchmarkConfig,
              temperature: float) -> dict[str, Any]:
     """Every prompt through /generate, `batch` requests in flight at a time -> tokens/s and meta_infos."""
     def one(p: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +128,8 @@ def acceptance(metas: list[dict[str, Any]], num_steps: int) -> dict[str, Any] | 
             "accepted_drafts": total.accepted_drafts}
 
 
-def latency(base_url: str, prompts: list[dict[str, Any]], settings: Settings, temperature: float) -> dict[str, Any]:
+def latency(base_url: str, prompts: list[dict[str, Any]], settings: BenchmarkConfig,
+            temperature: float) -> dict[str, Any]:
     """TTFT and inter-token latency from streamed completions, one request at a time."""
     runs = [stream_completion(base_url, p["text"], max_tokens=settings.max_new_tokens, temperature=temperature)
             for p in prompts[:settings.stream_prompts]]
@@ -162,7 +139,7 @@ def latency(base_url: str, prompts: list[dict[str, Any]], settings: Settings, te
             "itl_p50_s": statistics.median(gaps) if gaps else None, "streamed_requests": len(runs)}
 
 
-def measure_server(base_url: str, prompts: list[dict[str, Any]], settings: Settings, temperature: float,
+def measure_server(base_url: str, prompts: list[dict[str, Any]], settings: BenchmarkConfig, temperature: float,
                    num_steps: int) -> dict[str, Any]:
     """One server at one temperature: every batch size, acceptance (spec only) and streaming latency."""
     try:
@@ -230,7 +207,7 @@ def hardware() -> dict[str, Any]:
 
 # --- the report ------------------------------------------------------------------------------------------
 
-def summarize(results: dict[str, dict[str, Any]], settings: Settings) -> dict[str, Any]:
+def summarize(results: dict[str, dict[str, Any]], settings: BenchmarkConfig) -> dict[str, Any]:
     """Headline metrics: greedy, batch 1 (the first temperature and batch size measured)."""
     temp, batch = str(settings.temperatures[0]), str(settings.batch_sizes[0])
     base, spec = results[temp]["baseline"], results[temp]["speculative"]
@@ -265,8 +242,9 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{s['tokens_per_s'] / b['tokens_per_s']:.2f} | {tau:.2f} |")
     pos = ", ".join(f"{p:.2f}" for p in m.get("per_position_acceptance", []))
     lines += ["", f"Per-position acceptance: {pos}", "",
-              f"TTFT {_ms(m.get('spec_ttft_s'))}, inter-token latency {_ms(m.get('spec_itl_s'))} (speculative) vs "
-              f"{_ms(m.get('baseline_itl_s'))} (baseline).", "",
+              f"TTFT {_ms(m.get('spec_ttft_s'))}; time between streamed chunks {_ms(m.get('spec_itl_s'))} "
+              f"(speculative: one chunk per verify step, τ tokens) vs {_ms(m.get('baseline_itl_s'))} (baseline: one "
+              "token per chunk).", "",
               f"Prompts ({len(report['prompts'])}, pinned): {', '.join(report['prompts'])}", ""]
     return "\n".join(lines)
 
@@ -313,7 +291,7 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, ba
     from steps.target import load_tokenizer
 
     settings = settings_for(cfg)
-    section = {"benchmark": asdict(settings), "serve": config_dict(cfg.serve), "verify": config_dict(cfg.verify)}
+    section = {"benchmark": config_dict(settings), "serve": config_dict(cfg.serve), "verify": config_dict(cfg.verify)}
     inputs = {"export": export_id, "target": target_id}
     bench_id = artifact_id("benchmark", section, inputs)
     if store.exists("benchmark", bench_id):
@@ -325,7 +303,7 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, ba
         results = {str(t): {"baseline": measure_server(b, prompts, settings, t, k),
                             "speculative": measure_server(s, prompts, settings, t, k)}
                    for t in settings.temperatures}
-    report = {"inputs": inputs, "settings": asdict(settings), "prompts": [p["id"] for p in prompts],
+    report = {"inputs": inputs, "settings": config_dict(settings), "prompts": [p["id"] for p in prompts],
               "servers": facts, "serve_artifacts": ids, "hardware": hardware(), "results": results,
               "metrics": summarize(results, settings)}
     writer = store.begin("benchmark", bench_id, step=STEP, inputs=inputs, config=section)

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("steps.export", "write SGLang and vLLM draft directories, strictly checked"),
     "verify": ("steps.verify", "offline τ of an exported draft with the reference engine"),
     "serve": ("steps.serve", "derive the SGLang launch command from an export, preflight it, launch it"),
+    "benchmark": ("steps.benchmark", "baseline vs speculative tokens/s, live τ, latency; JSON, markdown, plot"),
     "pipeline": ("flows.pipeline_cli", "run the whole chain as a Prefect flow"),
     "demo": ("flows.demo", "the whole chain on the embedded default, with a summary"),
 }

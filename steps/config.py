@@ -255,6 +255,21 @@ class ServeConfig(Section):
     startup_timeout_s: float = 600.0
 
 
+class BenchmarkConfig(Section):
+    """Live measurement against served engines (baseline without a draft vs speculative)."""
+    #: concurrent requests; 1 = latency-bound decoding, where speculative decoding pays most.
+    batch_sizes: list[int] = [1, 4]
+    #: 0 = greedy; >0 works on SGLang only (the reference engine serves greedy).
+    temperatures: list[float] = [0.0]
+    #: HumanEval stubs added to verify's held-out MT-bench prompts.
+    num_code_prompts: int = 4
+    max_new_tokens: int = 128
+    #: fixed output lengths make tokens/s comparable between baseline and speculative.
+    ignore_eos: bool = True
+    #: prompts streamed through /v1/completions for TTFT and inter-token latency.
+    stream_prompts: int = 4
+
+
 class PipelineConfig(Section):
     name: str
     seed: int = 0
@@ -269,6 +284,7 @@ class PipelineConfig(Section):
     export: ExportConfig = ExportConfig()
     verify: VerifyConfig = VerifyConfig()
     serve: ServeConfig = ServeConfig()
+    benchmark: BenchmarkConfig = BenchmarkConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:

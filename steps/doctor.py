@@ -30,7 +30,6 @@ import shutil
 import sys
 import tempfile
 import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ import torch
 from safetensors import safe_open
 
 from steps import formats
+from steps.launch import get_json, post_json
 from steps.layers import check_capturable, default_aux_layer_ids, from_engine
 from steps.metrics import acceptance_length_from_requests
 from steps.serve import NON_AUX_ALGORITHMS, PLUS_ONE_ONLY_IF_FIRST_IS_ONE, Finding
@@ -340,18 +340,11 @@ def check_config_fields(ck: Checkpoint, target: dict[str, Any] | None) -> Findin
 
 # --- live checks: F1, F6, F9 ------------------------------------------------------------------------------
 
-def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as response:
-        return json.loads(response.read())
-
-
 def probe_live(server: str, prompts: list[dict[str, Any]]) -> tuple[float | None, list[dict[str, Any]]]:
     """Live τ over finished requests (client-side, never the server's cumulative average)."""
     metas = []
     for p in prompts:
-        out = http_json(f"{server}/generate", {**p, "sampling_params": {"max_new_tokens": PROBE_MAX_NEW_TOKENS,
+        out = post_json(f"{server}/generate", {**p, "sampling_params": {"max_new_tokens": PROBE_MAX_NEW_TOKENS,
                                                                         "temperature": 0.0, "ignore_eos": True}})
         metas.append(out.get("meta_info") or {})
     spec = [m for m in metas if int(m.get("spec_verify_ct") or 0) > 0]
@@ -464,7 +457,7 @@ def live_checks(ck: Checkpoint, server: str, target_dir: Path | None,
     """F6 (health), F1 (algorithm + probe τ), F9 (offline vs live)."""
     server = server.rstrip("/")
     try:
-        info = http_json(f"{server}/server_info", timeout_s=30)
+        info = get_json(f"{server}/server_info", timeout_s=30)
     except (urllib.error.URLError, OSError, ValueError) as err:
         return [Finding("F6", "fail", f"{server}/server_info did not answer: {err}",
                         "start the server (steps.serve retries once without CUDA graphs) and read its log")]

@@ -3,7 +3,9 @@
 Reads: an exported SGLang draft directory (`config.json`, `model.safetensors`), the target model
 path and its `config.json`, and the `serve` / `target` config sections.
 Writes: the server log (stdout + stderr) and a record of every start attempt
-`{command, cuda_graph, outcome, seconds}`.
+`{command, cuda_graph, outcome, seconds}`; `start`/`run` also write a `serve` artifact (command,
+attempts, endpoint, log snapshots, smoke-test τ). `serve.engine: reference` launches
+`steps.reference_server` with the very same argv, so the pipeline runs for real on a CPU.
 
 The launch command is derived from the exported checkpoint and the config, never typed by hand,
 and a preflight reads the draft's `config.json` against the command before anything starts:
@@ -16,6 +18,7 @@ and a preflight reads the draft's `config.json` against the command before anyth
 - F5: the draft's `max_position_embeddings` must cover the serving context length.
 - F6: the health wait has a deadline; the caller retries once with CUDA graphs off; both recorded.
 - F7: `draft_vocab_size` must be an explicit integer and the architecture `LlamaForCausalLMEagle3`.
+- F1/F9 after launch: a smoke /generate on a held-out prompt; live τ ≤ 1.1 stops the server and fails.
 """
 
 from __future__ import annotations
@@ -24,19 +27,28 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from steps import formats
 from steps.config import PipelineConfig, TargetConfig, config_dict, find_config, load_config
+from steps.launch import (
+    HEALTH_POLL_INTERVAL_S,
+    HEALTH_REQUEST_TIMEOUT_S,
+    STOP_GRACE_S,
+    Server,
+    ServerStartError,
+    attempt_record,
+    get_json,
+    health_status,
+    launch,
+    launch_with_fallback,
+    post_json,
+    stop_process_group,
+)
 from steps.layers import check_capturable, from_engine
 
 #: how the server is started: the module SGLang documents as its entry point.
@@ -70,14 +82,6 @@ WATCHED_FLAGS: dict[str, tuple[str, str]] = {
     "context_length": ("--context-length", "--context-l"),
 }
 
-#: seconds between health polls.
-HEALTH_POLL_INTERVAL_S = 0.5
-#: one poll may take this long: /health_generate runs a 1-token generation and answers 503 only
-#: after SGLANG_HEALTH_CHECK_TIMEOUT (20 s), so a shorter client timeout would never see its answer.
-HEALTH_REQUEST_TIMEOUT_S = 25.0
-#: seconds a server gets to exit after SIGTERM before SIGKILL.
-STOP_GRACE_S = 30.0
-
 Status = Literal["pass", "fail", "warn", "skip"]
 
 
@@ -100,14 +104,6 @@ class PreflightError(ValueError):
     def __init__(self, findings: list[Finding]):
         self.findings = findings
         super().__init__("serve preflight refused the launch:\n  " + "\n  ".join(str(f) for f in findings))
-
-
-class ServerStartError(RuntimeError):
-    """No attempt produced a healthy server; `attempts` records each one."""
-
-    def __init__(self, message: str, attempts: list[dict[str, Any]]):
-        self.attempts = attempts
-        super().__init__(message)
 
 
 # --- reading the draft ----------------------------------------------------------------------------
@@ -306,117 +302,7 @@ def target_config_for(target: TargetConfig, target_path: str | Path) -> dict[str
     return {k: v for k, v in declared.items() if v is not None}
 
 
-# --- launching --------------------------------------------------------------------------------------
-
-@dataclass
-class Server:
-    """A started server process; `stop()` ends its whole process group."""
-    process: subprocess.Popen
-    command: list[str]
-    log_path: Path
-    health_url: str
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def base_url(self) -> str:
-        return self.health_url.rsplit("/", 1)[0]
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
-        """SIGTERM the process group, SIGKILL it after `grace_s`; returns the exit code."""
-        return stop_process_group(self.process, grace_s)
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def stop_process_group(process: subprocess.Popen, grace_s: float) -> int:
-    """SIGTERM the group, wait up to `grace_s` for the leader, then SIGKILL whatever is left."""
-    if process.poll() is None:
-        _signal_group(process, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    # SIGKILL the group even after the leader exited: SGLang's scheduler/detokenizer children may linger
-    _signal_group(process, signal.SIGKILL)
-    return process.wait()
-
-
-def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
-    try:
-        os.killpg(process.pid, sig)  # the group id is the leader's pid (start_new_session=True)
-    except ProcessLookupError:
-        pass
-
-
-def health_status(url: str, timeout_s: float = HEALTH_REQUEST_TIMEOUT_S) -> int | None:
-    """HTTP status of one GET, None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except (urllib.error.URLError, OSError):
-        return None
-
-
-def launch(cmd: Sequence[str], *, log_path: str | Path, health_url: str, timeout_s: float,
-           env: Mapping[str, str] | None = None) -> Server:
-    """Start `cmd` and poll `health_url` until it answers 200; on the deadline kill the process group.
-
-    stdout and stderr go to `log_path` (appended); `env` adds variables to this process's environment.
-    """
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **(env or {})}, start_new_session=True)
-    deadline = started + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServerStartError(f"server exited with code {process.returncode} before {health_url} "
-                                   f"answered; see {log_path}", [])
-        if health_status(health_url, min(HEALTH_REQUEST_TIMEOUT_S, max(0.1, deadline - time.monotonic()))) == 200:
-            return Server(process, list(cmd), log_path, health_url)
-        time.sleep(HEALTH_POLL_INTERVAL_S)
-    stop_process_group(process, grace_s=5.0)
-    raise ServerStartError(f"{health_url} not healthy after {timeout_s:.0f} s (a CUDA graph capture hang "
-                           f"looks like this, F6); process group killed; see {log_path}", [])
-
-
-def launch_with_fallback(command_for: Callable[[bool], list[str]], *, log_dir: str | Path, health_url: str,
-                         timeout_s: float, env: Mapping[str, str] | None = None) -> Server:
-    """Start with CUDA graphs, and once more without them if that fails (F6); every attempt is recorded.
-
-    `command_for(disable_cuda_graph)` builds the argv. Raises ServerStartError (with `.attempts`)
-    when both attempts fail.
-    """
-    attempts: list[dict[str, Any]] = []
-    for disable in (False, True):
-        cmd = command_for(disable)
-        log_path = Path(log_dir) / f"server-attempt{len(attempts) + 1}.log"
-        started = time.monotonic()
-        try:
-            server = launch(cmd, log_path=log_path, health_url=health_url, timeout_s=timeout_s, env=env)
-        except ServerStartError as err:
-            attempts.append(attempt_record(cmd, disable, f"failed: {err}", started, log_path))
-            continue
-        attempts.append(attempt_record(cmd, disable, "healthy", started, log_path))
-        server.attempts = attempts
-        return server
-    raise ServerStartError("the server never became healthy, with or without CUDA graphs:\n  "
-                           + "\n  ".join(a["outcome"] for a in attempts), attempts)
-
-
-def attempt_record(cmd: Sequence[str], disable_cuda_graph: bool, outcome: str, started: float,
-                   log_path: Path) -> dict[str, Any]:
-    return {"command": shlex.join(cmd), "cuda_graph": not disable_cuda_graph, "outcome": outcome,
-            "seconds": round(time.monotonic() - started, 2), "log": str(log_path)}
-
+# --- launching (the process code lives in steps/launch.py) ------------------------------------------
 
 def health_url_for(cfg: PipelineConfig, port: int | None = None) -> str:
     # a server bound to all interfaces is still reached over loopback from here
@@ -448,12 +334,6 @@ def baseline_command(cmd: Sequence[str]) -> list[str]:
         else:
             out.append(token)
     return out
-
-
-def post_json(url: str, body: dict[str, Any], timeout_s: float = 600.0) -> Any:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as response:
-        return json.loads(response.read())
 
 
 def smoke_test(cfg: PipelineConfig, base_url: str, input_ids: list[int]) -> dict[str, Any]:
@@ -528,18 +408,13 @@ def _record(store: Any, serve_id: str, cfg: PipelineConfig, inputs: dict[str, st
         log = Path(a["log"])
         writer.path(f"logs/{log.name}").write_bytes(log.read_bytes() if log.is_file() else b"")
     writer.path("attempts.json").write_text(json.dumps(server.attempts, indent=2))
-    info = _get_json(f"{server.base_url}/server_info")
+    info = get_json(f"{server.base_url}/server_info")
     return writer.commit(metrics={"smoke_tau": smoke.get("tau"), "attempts": len(server.attempts)},
                          meta={"command": shlex.join(server.command), "attempts": server.attempts,
                                "endpoint": server.base_url, "engine": cfg.serve.engine, "baseline": baseline,
                                "pid": server.process.pid, "live_log": str(server.log_path), "smoke": smoke,
                                "server_version": info.get("version"),
                                "logs": [f"logs/{Path(a['log']).name}" for a in server.attempts]})
-
-
-def _get_json(url: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return json.loads(response.read())
 
 
 def run(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *,
@@ -609,7 +484,8 @@ def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> in
 
 
 __all__ = ["ALGORITHM_BY_ARCHITECTURE", "Finding", "PreflightError", "Server", "ServerStartError", "SmokeTestError",
-           "start", "run", "baseline_command", "smoke_test",
+           "start", "run", "baseline_command", "smoke_test", "health_status", "stop_process_group", "post_json",
+           "get_json", "attempt_record", "HEALTH_POLL_INTERVAL_S", "HEALTH_REQUEST_TIMEOUT_S", "STOP_GRACE_S",
            "assert_preflight", "build_sglang_command", "launch", "launch_with_fallback", "preflight",
            "speculative_algorithm", "target_config_for", "health_url_for"]
 

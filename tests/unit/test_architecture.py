@@ -33,7 +33,7 @@ def test_cli_commands_are_pinned():
     from steps.cli import COMMANDS
 
     assert set(COMMANDS) == {"target", "datagen", "extract", "mapping", "train", "export", "verify",
-                             "serve", "pipeline", "demo"}
+                             "serve", "benchmark", "pipeline", "demo"}
 
 
 def test_every_step_module_has_run_and_main():
@@ -41,7 +41,7 @@ def test_every_step_module_has_run_and_main():
 
     from flows.pipeline import STEPS
 
-    for step, (module_name, _) in STEPS.items():
+    for module_name, _ in STEPS.values():
         module = importlib.import_module(module_name)
         assert callable(getattr(module, "run", None)), f"{module_name} has no run()"
         assert callable(getattr(module, "main", None)), f"{module_name} has no main()"
