@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("steps.verify", "offline τ of an exported draft with the reference engine"),
     "serve": ("steps.serve", "derive the SGLang launch command from an export, preflight it, launch it"),
     "benchmark": ("steps.benchmark", "baseline vs speculative tokens/s, live τ, latency; JSON, markdown, plot"),
+    "doctor": ("steps.doctor", "diagnose any EAGLE-3 draft dir (and optionally a live server) against F1–F9"),
+    "convert": ("steps.convert", "convert a draft between the SGLang/official and speculators layouts"),
     "pipeline": ("flows.pipeline_cli", "run the whole chain as a Prefect flow"),
     "demo": ("flows.demo", "the whole chain on the embedded default, with a summary"),
 }

@@ -398,9 +398,12 @@ def compare_tau(offline: float | None, live: float | None, earlier: list[Finding
                        f"{live:.2f}: serving is misconfigured, not training{rows}",
                        "fix the serving rows above (F1 flags, F2 keys, F3 d2t, F4 layers); do not retrain")
     if live <= ZERO_ACCEPTANCE_TAU:
+        fix = (f"fix {', '.join(failing)} first: the offline engine loads this directory with the server's own "
+               "rules, so a broken checkpoint is broken for both" if failing else
+               "the checkpoint serves as written: the draft is undertrained or trained for another target; "
+               "check data and training")
         return Finding("F9", "fail", f"offline τ {offline:.2f} and live τ {live:.2f}: the draft accepts nothing "
-                       f"even offline{rows}", "if F2/F3 pass, the draft is undertrained or trained for another "
-                       "target: check data and training")
+                       f"even offline{rows}", fix)
     return Finding("F9", "warn", f"live τ {live:.2f} < 0.8 × offline τ {offline:.2f}: acceptance quietly lower",
                    "check F4 (captured layers) and the serving flags")
 
@@ -495,6 +498,14 @@ def report(findings: list[Finding]) -> dict[str, Any]:
             "checks": [{**asdict(f), "status": f.status.upper()} for f in findings]}
 
 
+def read_serve_record(path: Path) -> list[dict[str, Any]]:
+    """Start attempts: a JSON list (what `steps.serve` prints) or a manifest/dict holding `attempts`."""
+    data = json.loads(path.read_text())
+    if isinstance(data, dict):
+        data = data.get("attempts") or (data.get("meta") or {}).get("attempts") or []
+    return list(data)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="eaglenest doctor", description=__doc__.splitlines()[0])
     ap.add_argument("path", help="a draft directory (any layout: SGLang, speculators, EAGLE official)")
@@ -507,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help='print {"ok", "checks": [...]} only')
     args = ap.parse_args(argv)
     trained = [int(i) for i in args.trained_layer_ids.split(",")] if args.trained_layer_ids else None
-    record = json.loads(Path(args.serve_record).read_text()) if args.serve_record else None
+    record = read_serve_record(Path(args.serve_record)) if args.serve_record else None
     try:
         findings = run(args.path, target=args.target, server=args.server, context_length=args.context_length,
                        trained_layer_ids=trained, serve_record=record)

@@ -272,7 +272,7 @@ def test_f1_eagle_algorithm_with_an_eagle3_draft(world, servers, capsys):
     assert found["F9"]["status"] == "FAIL" and "serving is misconfigured, not training" in found["F9"]["evidence"]
 
 
-@pytest.mark.parametrize("row,words", [("f2", "draft_model."), ("f3", "t2d"), ("f4", "internal")])
+@pytest.mark.parametrize("row,words", [("f2", "draft_model."), ("f3", "sorted ascending"), ("f4", "internal")])
 def test_f2_f3_f4_are_refused_collapse_live_and_are_named_by_doctor(world, servers, row, words):
     """F2 `draft_model.` prefix (the draft stays random), F3 a misaligned d2t (drafts land on wrong ids),
     F4 ids in the vLLM convention in an SGLang dir (SGLang adds +1: captures internal [2, 3, 4])."""

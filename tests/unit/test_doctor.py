@@ -221,3 +221,27 @@ def test_cli_json_has_exactly_ok_and_checks_and_exits_nonzero_on_fail(tmp_path, 
     assert doctor.main([str(bad)]) == 1
     text = capsys.readouterr().out
     assert "[F2 FAIL]" in text and "fix:" in text
+
+
+# --- F9 / F6 verdicts from measured numbers (the live path is exercised in tests/integration) ------------
+
+def test_f9_offline_good_and_live_one_means_serving_not_training():
+    earlier = [doctor.Finding("F4", "fail", "captures [2, 3, 4]", "re-export")]
+    serving = doctor.compare_tau(2.0, 1.0, earlier)
+    assert serving.status == "fail" and "serving is misconfigured, not training" in serving.evidence
+    assert "F4" in serving.evidence
+    both = doctor.compare_tau(1.0, 1.0, [])
+    assert both.status == "fail" and "even offline" in both.evidence and "training" in both.fix
+    assert doctor.compare_tau(2.0, 1.9, []).status == "pass"
+    assert doctor.compare_tau(2.5, 1.5, []).status == "warn"
+    assert doctor.compare_tau(None, None, []).status == "skip"
+
+
+def test_f6_reports_disabled_cuda_graphs_and_the_start_attempts(tmp_path):
+    attempts = [{"cuda_graph": True, "outcome": "failed: not healthy after 60 s (F6)", "seconds": 60.0},
+                {"cuda_graph": False, "outcome": "healthy", "seconds": 12.0}]
+    record = tmp_path / "serve.json"
+    record.write_text(json.dumps({"meta": {"attempts": attempts}}))
+    found = doctor.check_cuda_graph({"cuda_graph_backend_decode": "disabled"}, doctor.read_serve_record(record))
+    assert found.status == "warn" and "cuda_graph=True" in found.evidence and "healthy" in found.evidence
+    assert doctor.check_cuda_graph({"cuda_graph_backend_decode": "full"}, None).status == "pass"
