@@ -109,6 +109,7 @@ def build_world(root: Path, port: int) -> dict:
     cfg = parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(tdir)},
                         "extract": {"aux_layer_ids": LAYER_IDS}, "export": {"dtype": "float32"},
                         "verify": {"num_steps": K, "num_prompts": 3, "max_new_tokens": 24},
+                        "benchmark": {"max_new_tokens": 24},
                         "serve": {"engine": "reference", "port": port, "num_steps": K, "num_draft_tokens": K + 1,
                                   "startup_timeout_s": 60}})
     target_id = target.run(cfg, store).id
@@ -163,7 +164,7 @@ def test_benchmark_json_has_speed_tau_latency_settings_servers_and_hardware(benc
     for batch in ("1", "4"):
         for side in ("baseline", "speculative"):
             b = r[side]["batches"][batch]
-            assert b["requests"] == 6 and b["completion_tokens"] == 6 * bench["cfg"].verify.max_new_tokens
+            assert b["requests"] == 6 and b["completion_tokens"] == 6 * bench["cfg"].benchmark.max_new_tokens
             assert b["tokens_per_s"] > 0
     assert r["baseline"]["acceptance"] is None                  # no draft, no spec_* meta_info
     acc = r["speculative"]["acceptance"]
