@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from steps import benchmark, export
-from steps.config import parse_config
+from steps.config import BenchmarkConfig, parse_config
 from steps.draft import DraftConfig, Eagle3Draft
 from steps.store import open_store
 
