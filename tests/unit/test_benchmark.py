@@ -202,7 +202,7 @@ def test_pinned_prompts_are_deterministic_and_match_verify_selection(bench):
     from steps import verify
 
     tok = AutoTokenizer.from_pretrained(bench["target_dir"])
-    s = benchmark.Settings(num_code_prompts=2)
+    s = BenchmarkConfig(num_code_prompts=2)
     a, b = benchmark.pinned_prompts(bench["cfg"], s, tok), benchmark.pinned_prompts(bench["cfg"], s, tok)
     assert a == b and [p["id"] for p in a] == ["mtbench-81", "mtbench-82", "humaneval-0", "humaneval-1"]
     assert [(p["id"], p["input_ids"]) for p in a[:2]] == verify.held_out_prompts(bench["cfg"], tok)
