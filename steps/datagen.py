@@ -107,10 +107,20 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> tup
 
 # --- identity ------------------------------------------------------------------------------------------
 
+#: datagen fields that change speed, not content (for greedy decoding).
+PERFORMANCE_KNOBS = ("batch_size", "concurrency", "server_url")
+
+
 def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_prompts: int) -> dict[str, Any]:
     """What determines the dataset besides the target: configs, seed, chunking and the prompts' content."""
     digest = hashlib.sha256(canonical_json(prompts).encode()).hexdigest()
-    return {"dataset": cfg.dataset.model_dump(mode="json"), "datagen": cfg.datagen.model_dump(mode="json"),
+    datagen = cfg.datagen.model_dump(mode="json")
+    if cfg.datagen.temperature == 0:
+        # Greedy answers do not depend on how requests are batched or where they are served from
+        # (the target artifact is an input of the id), so these knobs do not change the dataset.
+        for knob in PERFORMANCE_KNOBS:
+            datagen.pop(knob)
+    return {"dataset": cfg.dataset.model_dump(mode="json"), "datagen": datagen,
             "seed": cfg.seed, "chunk_prompts": chunk_prompts, "prompts_sha256": digest}
 
 

@@ -137,6 +137,7 @@ class Backend:
         if a.speculative_algorithm:
             from steps.verify import sglang_layer_ids
 
+            check_draft_context(Path(a.speculative_draft_model_path), target.config, self.extras)
             draft, report = load_sglang_draft(a.speculative_draft_model_path, target=target)
             self.load_report = report.to_dict()
             if ENGINE_ALGORITHM[a.speculative_algorithm] == "EAGLE3":
@@ -378,6 +379,21 @@ class Handler(BaseHTTPRequestHandler):
 
 
 # --- process ------------------------------------------------------------------------------------------------
+
+#: SGLang's escape hatch for a draft whose context is shorter than the target's (sglang.md §1.8).
+OVERWRITE_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+def check_draft_context(draft_dir: Path, target_config: Any, extras: dict[str, Any]) -> None:
+    """F5 as SGLang 0.5.23 does it: the draft gets the target's context length, and a draft
+    `max_position_embeddings` below it refuses to start unless the env override is set."""
+    draft_ctx = int(json.loads((draft_dir / "config.json").read_text()).get("max_position_embeddings") or 0)
+    target_ctx = int(extras.get("context_length") or getattr(target_config, "max_position_embeddings", 0) or 0)
+    if draft_ctx < target_ctx and os.environ.get(OVERWRITE_CONTEXT_ENV, "").lower() not in ("1", "true"):
+        raise ValueError(f"Target model's context_length ({target_ctx}) is greater than the derived "
+                         f"context_length ({draft_ctx}) of the draft model {draft_dir}. To allow overriding "
+                         f"this maximum, set the env var {OVERWRITE_CONTEXT_ENV}=1")
+
 
 def serve(args: argparse.Namespace, extras: dict[str, Any], argv: list[str]) -> int:
     """Bind first (health answers 503 while loading, like SGLang), load, then serve until SIGTERM."""

@@ -11,8 +11,8 @@ Every broken variant is that export with one thing wrong. "Forced" means the ref
 (`steps.reference_server`, SGLang's lenient loader rules) is started directly on it, skipping
 eaglenest's refusal; live τ is computed client-side from per-request meta_info.
 
-F5 cannot collapse τ on the reference server (it does not model SGLang's context check; real SGLang
-refuses to start); the test shows the refusal and doctor's verdict only.
+F5 and F7 do not collapse τ: like SGLang, the forced server fails loudly at startup (F5: SGLang's
+context-length check; F7: the head's shape).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def servers(world):
     Values are a `serve.Server` or the `serve.ServerStartError` its start raised."""
     jobs = {"healthy": lambda: start(world, world["healthy"], "healthy"),
             "f1": lambda: start(world, world["healthy"], "f1", algorithm="EAGLE"),
-            **{row: (lambda row=row: start(world, world[row], row)) for row in ("f2", "f3", "f4", "f7")},
+            **{row: (lambda row=row: start(world, world[row], row)) for row in ("f2", "f3", "f4", "f5", "f7")},
             "f6": lambda: start_with_hang(world)}
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = {name: pool.submit(job) for name, job in jobs.items()}
@@ -289,9 +289,12 @@ def test_f2_f3_f4_are_refused_collapse_live_and_are_named_by_doctor(world, serve
     assert found["F9"].status == "fail" and rid in found["F9"].evidence
 
 
-def test_f5_a_draft_context_shorter_than_the_target(world):
+def test_f5_a_draft_context_shorter_than_the_target(world, servers):
     msg = refused(world, world["f5"], "F5")
     assert "64" in msg
+    err = servers["f5"]                                    # forced: the server refuses to start, as SGLang does
+    assert isinstance(err, serve.ServerStartError) and "exited" in str(err)
+    assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in (world["root"] / "f5.log").read_text()
     found = doctor_on(world, world["f5"])
     assert found["F5"].status == "fail" and "512" in found["F5"].fix
 

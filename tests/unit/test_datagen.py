@@ -289,3 +289,15 @@ def test_sampling_is_seeded(tiny):
     b, _ = D.generate_chunk(prompts, tok, cfg.datagen, model=model, seed=5)
     c, _ = D.generate_chunk(prompts, tok, cfg.datagen, model=model, seed=6)
     assert a == b and a != c
+
+
+def test_batch_size_changes_the_dataset_id_only_when_sampling():
+    prompts = [{"id": "p0", "source": "stdlib", "messages": [{"role": "user", "content": "Hi?"}]}]
+
+    def ident(*overrides):
+        return D.dataset_identity(load_config("configs/tiny.yaml", list(overrides)), prompts, 64)
+
+    assert ident("datagen.batch_size=8") == ident("datagen.batch_size=32")     # greedy: same answers
+    assert ident("datagen.max_new_tokens=8") != ident("datagen.max_new_tokens=9")
+    assert (ident("datagen.temperature=1.0", "datagen.batch_size=8")
+            != ident("datagen.temperature=1.0", "datagen.batch_size=32"))
