@@ -438,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a config field (repeatable)")
     parser.add_argument("--draft", required=True, help="the exported SGLang draft directory")
-    parser.add_argument("--target-path", required=True, help="the target model directory (or hub id) to serve")
+    parser.add_argument("--target-path", default=None,
+                        help="the target model directory to serve (default: target.path of an hf_dir config)")
     parser.add_argument("--port", type=int, default=None, help="override serve.port")
     parser.add_argument("--disable-cuda-graph", action="store_true", help="start with CUDA graphs off")
     parser.add_argument("--print-command", action="store_true", help="print the launch command and exit")
@@ -446,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     cfg = load_config(find_config(args.config), args.overrides)
+    args.target_path = args.target_path or cfg.target.path
+    if not args.target_path:
+        print(f"serve: {args.config}: target.source={cfg.target.source} names no model directory; pass "
+              "--target-path (the target's local HF directory, e.g. `eaglenest target` prints its artifact)",
+              file=sys.stderr)
+        return 2
     try:
         cmd = build_sglang_command(cfg, target_path=args.target_path, draft_dir=args.draft, port=args.port,
                                    disable_cuda_graph=args.disable_cuda_graph)

@@ -18,7 +18,6 @@ context-length check; F7: the head's shape).
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +29,9 @@ from safetensors.torch import load_file, save_file
 
 from steps import doctor, formats, serve
 from steps.config import find_config, load_config
-from steps.draft import DraftConfig, Eagle3Draft
+from steps.draft import Eagle3Draft
 from steps.metrics import acceptance_length_from_requests
+from tests.builders import bigram_target, copying_draft, free_port
 
 V, H, N, STEPS = 272, 288, 4, 4
 LAYER_IDS = [1, 2, 3]              # internal; SGLang eagle_config [0, 1, 2]
@@ -42,68 +42,14 @@ ZERO = doctor.ZERO_ACCEPTANCE_TAU
 
 # --- the world: target, healthy export, broken variants ------------------------------------------------
 
-def tokenizer():
-    from tokenizers import Tokenizer, decoders, models
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import PreTrainedTokenizerFast
-
-    from steps.target import CHATML_TEMPLATE
-
-    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}, merges=[]))
-    tk.pre_tokenizer, tk.decoder = ByteLevel(add_prefix_space=False, use_regex=False), decoders.ByteLevel()
-    tk.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>")
-    tok.chat_template = CHATML_TEMPLATE
-    return tok
-
 def build_target(root: Path):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The bigram target whose decoder layer 1 keeps its MLP (×400): hidden_states[1] ≠ hidden_states[2]."""
+    return bigram_target(root, vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=N, mlp_layer=1)
 
-    tok = tokenizer()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=N,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                         eos_token_id=tok.eos_token_id, tie_word_embeddings=False)).eval()
+def next_token_map(target) -> torch.Tensor:
+    """B[x], read off the target's own forward: layer 1's MLP moves the final hidden state away from E[x]."""
     with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            layer.self_attn.o_proj.weight.zero_()          # no attention: the next token depends on x only
-            if i != 1:
-                layer.mlp.down_proj.weight.zero_()
-            else:                                          # layer 1 changes the residual: layers 1 ≠ 2
-                layer.mlp.down_proj.weight.mul_(400.0)
-        q, _ = torch.linalg.qr(torch.randn(H, H))
-        model.model.embed_tokens.weight.copy_(q[:V] * 3.0)
-    out = root / "target"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return model, out
-
-def copying_draft(target) -> Eagle3Draft:
-    """fc reads hidden_states[1] = E[x_p]; the head scores B(B(x_p)) with B the target's next-token map."""
-    with torch.no_grad():
-        bigram = target(input_ids=torch.arange(V)[:, None]).logits[:, 0].argmax(-1)     # B[x]
-    emb = target.model.embed_tokens.weight.detach()
-    normed = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
-    vocab = torch.unique(bigram)
-    torch.manual_seed(1)
-    draft = Eagle3Draft(DraftConfig(hidden_size=H, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                    head_dim=H // 4, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
-                                    vocab_size=V, draft_vocab_size=len(vocab), target_hidden_size=H, num_aux=3)).eval()
-    q, _ = torch.linalg.qr(torch.randn(H, H))
-    with torch.no_grad():
-        draft.embed_tokens.weight.copy_(emb)
-        draft.fc.weight.zero_()
-        draft.fc.weight[:, :H] = q
-        draft.midlayer.self_attn.o_proj.weight.zero_()
-        draft.midlayer.mlp.down_proj.weight.zero_()
-        head = torch.zeros(len(vocab), H)
-        for x in range(V):
-            head[torch.searchsorted(vocab, bigram[bigram[x]])] += q @ normed[x]
-        draft.lm_head.weight.copy_(head)
-        draft.d2t.copy_(vocab - torch.arange(len(vocab)))
-        draft.t2d[vocab] = True
-    return draft
+        return target(input_ids=torch.arange(V)[:, None]).logits[:, 0].argmax(-1)
 
 def export_sglang(out: Path, draft: Eagle3Draft, *, layer_ids=LAYER_IDS, **config_edits) -> Path:
     config = formats.sglang_config(draft.cfg.to_dict(), layer_ids=layer_ids, max_position_embeddings=512,
@@ -140,7 +86,8 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("catalogue")
     target, tdir = build_target(root)
     export = root / "export"
-    healthy = export_sglang(export / "healthy", copying_draft(target))
+    draft = copying_draft(target, bigram=next_token_map(target), intermediate_size=64, num_aux=len(LAYER_IDS))
+    healthy = export_sglang(export / "healthy", draft)
     # the export manifest records the trained layers (internal), as steps.export does
     (export / "manifest.json").write_text(json.dumps({"meta": {"internal_layer_ids": LAYER_IDS}}))
     cfg = load_config(find_config("tiny"), [f"serve.num_steps={STEPS}", f"serve.num_draft_tokens={STEPS + 1}"])
@@ -180,11 +127,6 @@ def servers(world):
 
 
 # --- serving helpers ------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 def command(world, draft: Path, port: int, *, algorithm: str | None = None, disable_cuda_graph=False) -> list[str]:
     cmd = serve.build_sglang_command(world["cfg"], target_path=world["target"], draft_dir=draft, port=port,

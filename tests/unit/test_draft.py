@@ -8,23 +8,10 @@ import torch
 from steps.draft import DraftCache, DraftConfig, Eagle3Draft
 from steps.mapping import build_vocab
 from steps.train import Batch, loss_positions, ttt_unroll
+from tests.builders import CANONICAL_DRAFT_KEYS
 
-CANONICAL_KEYS = {
-    "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
-    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
-    "midlayer.mlp.down_proj.weight",
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: a second thread only adds contention on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+CANONICAL_KEYS = CANONICAL_DRAFT_KEYS
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small_cfg(**kw) -> DraftConfig:

@@ -8,71 +8,27 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from steps import export, formats
-from steps.config import parse_config
-from steps.draft import DraftConfig, Eagle3Draft
 from steps.store import open_store
+from tests.builders import put_random_draft, tiny_pipeline_config, tiny_target_dir
 
-V, H, VD, LAYERS = 272, 64, 128, 4
+V, H, VD = 272, 64, 128
 LAYER_IDS = [1, 2, 3]
 
 
 def hf_target_dir(root: Path) -> Path:
-    """A seeded tiny Llama + a byte-level ChatML tokenizer, saved as a Hugging Face directory."""
-    from tokenizers import Tokenizer, decoders, models
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from steps.target import CHATML_TEMPLATE
-
-    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}, merges=[]))
-    tk.pre_tokenizer, tk.decoder = ByteLevel(add_prefix_space=False, use_regex=False), decoders.ByteLevel()
-    tk.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>")
-    tok.chat_template = CHATML_TEMPLATE
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=128, num_hidden_layers=LAYERS,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                         eos_token_id=tok.eos_token_id, tie_word_embeddings=True))
-    out = root / "target"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return tiny_target_dir(root, vocab_size=V, hidden_size=H, intermediate_size=128)
 
 
 def pipeline_config(target_dir: Path, **sections):
-    return parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(target_dir)},
-                         "extract": {"aux_layer_ids": LAYER_IDS}, "mapping": {"draft_vocab_size": VD},
-                         "export": {"dtype": "float32"},
-                         "verify": {"num_steps": 3, "num_prompts": 2, "max_new_tokens": 10}, **sections})
+    return tiny_pipeline_config(target_dir, draft_vocab_size=VD, layer_ids=LAYER_IDS, **sections)
 
 
-def put_draft(store, target_dir: Path, *, num_aux: int = 3, layer_ids=LAYER_IDS, seed: int = 0) -> str:
-    """A draft artifact as train writes it: canonical fp32 weights + draft_config.json."""
-    from safetensors.torch import load_file as load
-
-    torch.manual_seed(seed)
-    cfg = DraftConfig(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512, vocab_size=V,
-                      draft_vocab_size=VD, target_hidden_size=H, num_aux=num_aux)
-    draft = Eagle3Draft(cfg)
-    ids = torch.randperm(V)[:VD].sort().values
-    with torch.no_grad():
-        draft.embed_tokens.weight.copy_(load(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"])
-        draft.d2t.copy_(ids - torch.arange(VD))
-        draft.t2d[ids] = True
-    draft_id = f"d{seed}{num_aux}{''.join(map(str, layer_ids))}"
-    writer = store.begin("draft", draft_id, step="train")
-    save_file({k: v.contiguous() for k, v in draft.state_dict().items()}, str(writer.path("model.safetensors")))
-    meta = {**cfg.to_dict(), "layer_ids": list(layer_ids),
-            "target": {"num_hidden_layers": LAYERS, "hidden_size": H, "vocab_size": V,
-                       "max_position_embeddings": 512, "name": "tiny"}}
-    writer.path("draft_config.json").write_text(json.dumps(meta))
-    writer.commit(meta=meta)
-    return draft_id
+def put_draft(store, target_dir: Path, **kw) -> str:
+    """A seeded random draft artifact as train writes it (kw: num_aux, layer_ids, seed)."""
+    return put_random_draft(store, target_dir, draft_vocab_size=VD, intermediate_size=128, **kw)
 
 
 @pytest.fixture(scope="module")

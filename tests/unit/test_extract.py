@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 os.environ.update(OFFLINE)
 H, N_LAYERS, LAYER_IDS = 64, 4, [1, 2, 3]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- fixtures: a seeded tiny target and a hand-written dataset in a file store -----------------------
@@ -48,15 +49,6 @@ def _tiny_model_and_tokenizer():
 def _lengths(n: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(8, 70, (n,), generator=g).tolist()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny forwards on a shared 2-core machine: torch's second thread mostly spin-waits (40x slower).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

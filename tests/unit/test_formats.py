@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from steps import formats
 from steps.draft import DraftConfig, Eagle3Draft
+from tests.builders import CANONICAL_DRAFT_KEYS
 
 V, VD, H = 96, 48, 64
 LAYER_IDS = [1, 2, 3]          # internal convention
@@ -27,13 +28,7 @@ EXPECT = {"layer_ids": LAYER_IDS, "vocab_size": V, "hidden_size": H, "context_le
           "draft_vocab_size": VD, "dtype": "float32"}
 
 #: what SGLang's EAGLE-3 drafts (SpecForge, EAGLE official) and eaglenest write: the `midlayer.` layout.
-SGLANG_KEYS = {
-    "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
-    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
-    "midlayer.mlp.down_proj.weight",
-}
+SGLANG_KEYS = CANONICAL_DRAFT_KEYS
 #: speculators `Eagle3DraftModel.state_dict()` minus `_keys_to_ignore_on_save` (verifier_*), one Llama layer.
 SPECULATORS_KEYS = {k.replace("midlayer.", "layers.0.") for k in SGLANG_KEYS}
 

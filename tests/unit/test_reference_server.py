@@ -2,7 +2,7 @@
 
 The world: a "bigram" tiny Llama target (decoder layers add nothing: o_proj and down_proj zero,
 orthonormal embeddings, so the next token is B(x)) with a byte-level ChatML tokenizer, and a
-hand-built copying draft (the approach of tests/unit/test_engine.py) that knows B∘B through `fc`,
+hand-built copying draft (tests/builders.py, as in tests/unit/test_engine.py) that knows B∘B through `fc`,
 written as a `draft` artifact and exported by steps.export. Its d_1 is always right, so live τ is
 well above 1 with EAGLE3 and collapses with EAGLE (fc skipped: F1 for real).
 """
@@ -11,126 +11,26 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from steps import export, serve, verify
-from steps.config import parse_config
-from steps.draft import DraftConfig, Eagle3Draft
+from steps import serve, verify
 from steps.engine import Engine
 from steps.formats import load_sglang_draft
 from steps.metrics import AcceptStats, acceptance_length_from_requests
 from steps.reference_server import HANG_ENV
-from steps.store import open_store
+from tests.builders import bigram_world, free_port
 
-H, LAYERS, LAYER_IDS, K = 288, 4, [1, 2, 3], 3
+LAYER_IDS, K = [1, 2, 3], 3
 F6_TIMEOUT_S = 40        # the retry must load within it on a loaded 2-core machine (~20 s)
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-# --- the world (duplicated in tests/unit/test_benchmark.py: test files do not share fixtures) ------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def bigram_target_dir(root: Path) -> Path:
-    from tokenizers import Tokenizer, decoders, models
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from steps.target import CHATML_TEMPLATE
-
-    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}, merges=[]))
-    tk.pre_tokenizer, tk.decoder = ByteLevel(add_prefix_space=False, use_regex=False), decoders.ByteLevel()
-    tk.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>")
-    tok.chat_template = CHATML_TEMPLATE
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=H, intermediate_size=256,
-                                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=512, eos_token_id=tok.eos_token_id,
-                                         tie_word_embeddings=False)).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        q, _ = torch.linalg.qr(torch.randn(H, H))
-        model.model.embed_tokens.weight.copy_(q[:len(tok)] * 3.0)
-    out = root / "target"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-def copying_draft(target_dir: Path) -> Eagle3Draft:
-    """out_hidden = fc(aux) = Q·E[x_p]; lm_head scores B(B(x_p)); vocab = the image of B."""
-    from transformers import AutoModelForCausalLM
-
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    V = target.config.vocab_size
-    emb = target.model.embed_tokens.weight.detach()
-    normed = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
-    bigram = (target.lm_head.weight.detach() @ normed.T).argmax(0)
-    vocab = torch.unique(bigram)
-    torch.manual_seed(1)
-    draft = Eagle3Draft(DraftConfig(hidden_size=H, intermediate_size=256, num_attention_heads=4,
-                                    num_key_value_heads=2, head_dim=H // 4, rms_norm_eps=1e-6, rope_theta=10000.0,
-                                    max_position_embeddings=512, vocab_size=V, draft_vocab_size=len(vocab),
-                                    target_hidden_size=H, num_aux=len(LAYER_IDS))).eval()
-    q, _ = torch.linalg.qr(torch.randn(H, H))
-    with torch.no_grad():
-        draft.embed_tokens.weight.copy_(emb)
-        draft.fc.weight.zero_()
-        draft.fc.weight[:, :H] = q
-        draft.midlayer.self_attn.o_proj.weight.zero_()
-        draft.midlayer.mlp.down_proj.weight.zero_()
-        head = torch.zeros(len(vocab), H)
-        for x in range(V):
-            head[torch.searchsorted(vocab, bigram[bigram[x]])] += q @ normed[x]
-        draft.lm_head.weight.copy_(head)
-        draft.d2t.copy_(vocab - torch.arange(len(vocab)))
-        draft.t2d[vocab] = True
-    return draft
-
-
-def put_draft(store, draft: Eagle3Draft, n_layers: int) -> str:
-    writer = store.begin("draft", "copying", step="train")
-    save_file({k: v.contiguous() for k, v in draft.state_dict().items()}, str(writer.path("model.safetensors")))
-    meta = {**draft.cfg.to_dict(), "layer_ids": LAYER_IDS,
-            "target": {"num_hidden_layers": n_layers, "hidden_size": H, "vocab_size": draft.cfg.vocab_size,
-                       "max_position_embeddings": 512, "name": "bigram"}}
-    writer.path("draft_config.json").write_text(json.dumps(meta))
-    writer.commit(meta=meta)
-    return "copying"
-
-
-def build_world(root: Path, port: int) -> dict:
-    from steps import target
-
-    tdir = bigram_target_dir(root)
-    store = open_store(f"file://{root}/store")
-    cfg = parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(tdir)},
-                        "extract": {"aux_layer_ids": LAYER_IDS}, "export": {"dtype": "float32"},
-                        "verify": {"num_steps": K, "num_prompts": 3, "max_new_tokens": 24},
-                        "serve": {"engine": "reference", "port": port, "num_steps": K, "num_draft_tokens": K + 1,
-                                  "startup_timeout_s": 60}})
-    target_id = target.run(cfg, store).id
-    export_id = export.run(cfg, store, put_draft(store, copying_draft(tdir), LAYERS), target_id).id
-    return {"store": store, "cfg": cfg, "target_id": target_id, "export_id": export_id, "target_dir": tdir,
-            "draft_dir": export.export_dir(store, export_id, "sglang")}
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def get(url: str):
@@ -144,18 +44,9 @@ def post(url: str, body: dict):
 
 # --- fixtures -----------------------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny matmuls: thread hand-off costs more than it saves on a shared 2-core machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return build_world(tmp_path_factory.mktemp("refserver"), free_port())
+    return bigram_world(tmp_path_factory.mktemp("refserver"), free_port(), num_steps=K, layer_ids=LAYER_IDS)
 
 
 @pytest.fixture(scope="module")

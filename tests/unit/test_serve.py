@@ -126,7 +126,8 @@ def test_command_derives_eagle3_and_every_speculative_flag_from_the_draft_and_co
 
 
 def test_command_keeps_the_draft_unquantized_under_a_quantized_target_and_passes_tp_and_context(tmp_path):
-    draft = write_draft(tmp_path, max_position_embeddings=131072)
+    draft = write_draft(tmp_path, max_position_embeddings=131072, vocab_size=128256, target_hidden_size=4096,
+                        eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 15, 28], "use_aux_hidden_state": True})
     cfg = pipeline_config(target={"quantization": "fp8", "tensor_parallel_size": 8, "context_length": 131072,
                                   "trust_remote_code": True},
                           serve={"host": "0.0.0.0", "port": 31000})
@@ -398,3 +399,18 @@ def test_two_failed_attempts_raise_with_both_recorded(tmp_path, fake_server):
     assert [a["cuda_graph"] for a in err.value.attempts] == [True, False]
     assert all("exited with code 3" in a["outcome"] for a in err.value.attempts)
     assert (tmp_path / "server-attempt1.log").exists() and (tmp_path / "server-attempt2.log").exists()
+
+
+def test_cli_takes_the_target_path_from_an_hf_dir_config(tmp_path, capsys):
+    draft = write_draft(tmp_path, max_position_embeddings=131072, vocab_size=128256, target_hidden_size=4096,
+                        eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 15, 28], "use_aux_hidden_state": True})
+    rc = serve.main(["--config", "llama-3.1-8b-instruct", "--draft", str(draft), "--print-command"])
+    out = shlex.split(capsys.readouterr().out.strip())
+    assert rc == 0, capsys.readouterr().err
+    assert out[out.index("--model-path") + 1] == "/models/Meta-Llama-3.1-8B-Instruct"
+    assert out[out.index("--speculative-algorithm") + 1] == "EAGLE3"
+
+
+def test_cli_without_a_target_path_names_the_fix(tmp_path, capsys):
+    rc = serve.main(["--config", "tiny", "--draft", str(write_draft(tmp_path)), "--print-command"])
+    assert rc == 2 and "--target-path" in capsys.readouterr().err

@@ -29,6 +29,7 @@ from steps.train import (
 
 LAYER_IDS = [1, 2, 3]
 SEQS_PER_SHARD, SHARDS, PROMPT, ANSWER = 16, 3, 6, 26
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_target(out: Path, *, tied: bool = True):
@@ -79,15 +80,6 @@ def write_source_store(root: Path) -> dict[str, str]:
     save_file({"d2t": d2t, "t2d": t2d}, str(w.path("vocab.safetensors")))
     w.commit(meta={"target_vocab": 256})
     return {"target_id": "tgt", "hidden_id": "hid", "vocab_id": "voc"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: a second thread only adds contention on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,245 @@
+"""Tiny, seeded builders shared by the test files: a free port, the byte-level ChatML tokenizer, tiny Llama
+targets (random or "bigram"), EAGLE-3 drafts (random or copying) and the artifacts the steps read.
+
+Plain functions, not fixtures: each test file picks its own sizes and wraps them in its own fixtures, so
+what a test builds stays visible where it is asserted on. Every builder seeds torch itself, so the same
+call gives the same weights in every file.
+
+The "bigram" target: decoder layers add nothing (o_proj and down_proj zero) and the embeddings are
+orthonormal, so every hidden state is the token's embedding and the next token is a fixed map B(x).
+A copying draft knows B∘B through `fc`, so its first drafted token is always right: it accepts tokens
+for real (τ well above 1), and stops accepting when `fc` is skipped (F1).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from steps.config import parse_config
+from steps.draft import DraftConfig, Eagle3Draft
+from steps.store import open_store
+
+#: the draft's canonical names, what SGLang's EAGLE-3 drafts (SpecForge, EAGLE official) and eaglenest write: the
+#: `midlayer.` layout (pinned against SGLang 0.5.23's loader: see tests/unit/test_formats.py).
+CANONICAL_DRAFT_KEYS = {
+    "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
+    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+}
+LAYER_IDS = (1, 2, 3)          # internal convention; SGLang's eagle_config holds [0, 1, 2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- targets -------------------------------------------------------------------------------------------
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer without merges (256 byte tokens + 3 specials) and the ChatML template."""
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from steps.target import CHATML_TEMPLATE
+
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}, merges=[]))
+    tk.pre_tokenizer, tk.decoder = ByteLevel(add_prefix_space=False, use_regex=False), decoders.ByteLevel()
+    tk.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>")
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def tiny_llama(*, vocab_size: int, hidden_size: int, intermediate_size: int, num_hidden_layers: int = 4,
+               seed: int = 0, **config):
+    """A seeded random tiny Llama (4 heads, 2 KV heads, context 512) in eval mode; `config` adds LlamaConfig fields."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
+                                        intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                        **config)).eval()
+
+
+def make_bigram(model, *, mlp_layer: int | None = None, mlp_scale: float = 400.0):
+    """Turn `model` into a bigram target in place (see the module docstring) and return it.
+
+    `mlp_layer` keeps that decoder layer's MLP, scaled by `mlp_scale`, so the hidden states after it
+    differ from the ones before it (the next token still depends on x only: attention stays off).
+    """
+    h, v = model.config.hidden_size, model.config.vocab_size
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            layer.self_attn.o_proj.weight.zero_()
+            if i == mlp_layer:
+                layer.mlp.down_proj.weight.mul_(mlp_scale)
+            else:
+                layer.mlp.down_proj.weight.zero_()
+        q, _ = torch.linalg.qr(torch.randn(h, h))
+        model.model.embed_tokens.weight.copy_(q[:v] * 3.0)
+    return model
+
+
+def save_hf_dir(model, tok, root: Path) -> Path:
+    out = root / "target"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def tiny_target_dir(root: Path, *, vocab_size: int, hidden_size: int, intermediate_size: int,
+                    num_hidden_layers: int = 4) -> Path:
+    """A seeded random tiny Llama (tied embeddings) + the byte-level ChatML tokenizer, saved as an HF directory."""
+    tok = byte_tokenizer()
+    model = tiny_llama(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                       num_hidden_layers=num_hidden_layers, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    return save_hf_dir(model, tok, root)
+
+
+def bigram_target(root: Path, *, vocab_size: int | None = None, hidden_size: int = 288, intermediate_size: int = 256,
+                  num_hidden_layers: int = 4, mlp_layer: int | None = None):
+    """A bigram target with the byte-level ChatML tokenizer, saved under root/target: (model, directory).
+
+    `vocab_size` defaults to the tokenizer's length."""
+    tok = byte_tokenizer()
+    model = tiny_llama(vocab_size=vocab_size or len(tok), hidden_size=hidden_size,
+                       intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
+                       eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    make_bigram(model, mlp_layer=mlp_layer)
+    return model, save_hf_dir(model, tok, root)
+
+
+def bigram_target_dir(root: Path, **kw) -> Path:
+    """`bigram_target`'s directory."""
+    return bigram_target(root, **kw)[1]
+
+
+# --- drafts --------------------------------------------------------------------------------------------
+
+def draft_config(*, vocab_size: int, hidden_size: int, draft_vocab_size: int, intermediate_size: int = 256,
+                 num_aux: int = 3) -> DraftConfig:
+    """A tiny draft's config for a target of width `hidden_size` (4 heads, 2 KV heads, context 512)."""
+    return DraftConfig(hidden_size=hidden_size, intermediate_size=intermediate_size, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=hidden_size // 4, rms_norm_eps=1e-6, rope_theta=10000.0,
+                       max_position_embeddings=512, vocab_size=vocab_size, draft_vocab_size=draft_vocab_size,
+                       target_hidden_size=hidden_size, num_aux=num_aux)
+
+
+def random_draft(seed: int, *, vocab_size: int, hidden_size: int, draft_vocab_size: int,
+                 intermediate_size: int = 256, num_aux: int = 3, embed: torch.Tensor | None = None) -> Eagle3Draft:
+    """A seeded random draft over a random sorted reduced vocab; `embed` replaces its embedding (the target's)."""
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(draft_config(vocab_size=vocab_size, hidden_size=hidden_size, draft_vocab_size=draft_vocab_size,
+                                     intermediate_size=intermediate_size, num_aux=num_aux)).eval()
+    ids = torch.randperm(vocab_size)[:draft_vocab_size].sort().values
+    with torch.no_grad():
+        if embed is not None:
+            draft.embed_tokens.weight.copy_(embed)
+        draft.d2t.copy_(ids - torch.arange(draft_vocab_size))
+        draft.t2d[ids] = True
+    return draft
+
+
+def copying_draft(target, *, bigram: torch.Tensor | None = None, intermediate_size: int = 256, num_aux: int = 3,
+                  seed: int = 1) -> Eagle3Draft:
+    """A draft for a bigram target (a model, or its HF directory): out_hidden = fc(aux) = Q·E[x_p]; lm_head
+    scores B(B(x_p)); the reduced vocab is the image of B, so every generated token lies in it.
+
+    Its d_1 is always right; later chain steps reuse the same hidden, so they are right only on fixed
+    points. `bigram` is B[x] when the target computes it otherwise than lm_head(normed E[x]).
+    """
+    if isinstance(target, (str, Path)):
+        from transformers import AutoModelForCausalLM
+
+        target = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    v, h = target.config.vocab_size, target.config.hidden_size
+    emb = target.model.embed_tokens.weight.detach()
+    normed = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    if bigram is None:
+        bigram = (target.lm_head.weight.detach() @ normed.T).argmax(0)          # B[x]
+    vocab = torch.unique(bigram)                                                # sorted target ids
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(draft_config(vocab_size=v, hidden_size=h, draft_vocab_size=len(vocab),
+                                     intermediate_size=intermediate_size, num_aux=num_aux)).eval()
+    q, _ = torch.linalg.qr(torch.randn(h, h))
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(emb)
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, :h] = q                                              # reads the first aux state
+        draft.midlayer.self_attn.o_proj.weight.zero_()
+        draft.midlayer.mlp.down_proj.weight.zero_()
+        head = torch.zeros(len(vocab), h)
+        for x in range(v):
+            head[torch.searchsorted(vocab, bigram[bigram[x]])] += q @ normed[x]
+        draft.lm_head.weight.copy_(head)
+        draft.d2t.copy_(vocab - torch.arange(len(vocab)))
+        draft.t2d[vocab] = True
+    return draft
+
+
+# --- artifacts -----------------------------------------------------------------------------------------
+
+def put_draft(store, draft: Eagle3Draft, *, draft_id: str = "copying", layer_ids=LAYER_IDS,
+              num_hidden_layers: int = 4, target_name: str = "bigram") -> str:
+    """Write `draft` as train does: a `draft` artifact of canonical fp32 weights + draft_config.json."""
+    writer = store.begin("draft", draft_id, step="train")
+    save_file({k: v.contiguous() for k, v in draft.state_dict().items()}, str(writer.path("model.safetensors")))
+    meta = {**draft.cfg.to_dict(), "layer_ids": list(layer_ids),
+            "target": {"num_hidden_layers": num_hidden_layers, "hidden_size": draft.cfg.target_hidden_size,
+                       "vocab_size": draft.cfg.vocab_size, "max_position_embeddings": 512, "name": target_name}}
+    writer.path("draft_config.json").write_text(json.dumps(meta))
+    writer.commit(meta=meta)
+    return draft_id
+
+
+def put_random_draft(store, target_dir: Path, *, draft_vocab_size: int, intermediate_size: int, num_aux: int = 3,
+                     layer_ids=LAYER_IDS, seed: int = 0) -> str:
+    """A seeded random draft for the HF target in `target_dir` (its embedding copied), written by `put_draft`.
+
+    The id names seed, num_aux and layer_ids, so variants of one store do not collide."""
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    draft = random_draft(seed, vocab_size=tcfg["vocab_size"], hidden_size=tcfg["hidden_size"],
+                         draft_vocab_size=draft_vocab_size, intermediate_size=intermediate_size, num_aux=num_aux,
+                         embed=load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"])
+    return put_draft(store, draft, draft_id=f"d{seed}{num_aux}{''.join(map(str, layer_ids))}", layer_ids=layer_ids,
+                     num_hidden_layers=tcfg["num_hidden_layers"], target_name="tiny")
+
+
+def tiny_pipeline_config(target_dir: Path, *, draft_vocab_size: int, layer_ids=LAYER_IDS, **sections):
+    """The export/verify config for an HF-dir target; `sections` replace whole sections."""
+    return parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(target_dir)},
+                         "extract": {"aux_layer_ids": list(layer_ids)},
+                         "mapping": {"draft_vocab_size": draft_vocab_size}, "export": {"dtype": "float32"},
+                         "verify": {"num_steps": 3, "num_prompts": 2, "max_new_tokens": 10}, **sections})
+
+
+def bigram_world(root: Path, port: int, *, num_steps: int = 3, layer_ids=LAYER_IDS, **sections) -> dict:
+    """A bigram target and its copying draft, exported by steps.export for the reference server on `port`.
+
+    `sections` add or replace config sections (e.g. `benchmark`)."""
+    from steps import export, target
+
+    tdir = bigram_target_dir(root)
+    store = open_store(f"file://{root}/store")
+    cfg = parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(tdir)},
+                        "extract": {"aux_layer_ids": list(layer_ids)}, "export": {"dtype": "float32"},
+                        "verify": {"num_steps": num_steps, "num_prompts": 3, "max_new_tokens": 24},
+                        "serve": {"engine": "reference", "port": port, "num_steps": num_steps,
+                                  "num_draft_tokens": num_steps + 1, "startup_timeout_s": 60}, **sections})
+    target_id = target.run(cfg, store).id
+    draft_id = put_draft(store, copying_draft(tdir), layer_ids=layer_ids)
+    export_id = export.run(cfg, store, draft_id, target_id).id
+    return {"store": store, "cfg": cfg, "target_id": target_id, "export_id": export_id, "target_dir": tdir,
+            "draft_dir": export.export_dir(store, export_id, "sglang")}
