@@ -38,7 +38,7 @@ sglang-venv:
 	scripts/setup-sglang-venv.sh $(SGLANG_VENV)
 
 test: $(STAMP) sglang-venv
-	$(PY) -m ruff check steps flows tests
+	$(PY) -m ruff check steps flows tests benchmarks
 	$(PY) -m pytest -ra
 
 clean:
