@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from steps.layers import check_capturable, default_aux_layer_ids
 
@@ -427,5 +427,5 @@ def find_config(name_or_path: str) -> Path:
 __all__ = [
     "ConfigError", "PipelineConfig", "load_config", "parse_config", "apply_overrides", "section_hash",
     "default_aux_layer_ids", "resolve_aux_layer_ids", "resolve_draft_shape",
-    "resolve_max_position_embeddings", "parse_size", "find_config", "config_dict", "Field",
+    "resolve_max_position_embeddings", "parse_size", "find_config", "config_dict",
 ]

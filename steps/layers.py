@@ -43,9 +43,6 @@ def default_aux_layer_ids(num_hidden_layers: int) -> list[int]:
     return ids
 
 
-#: the name used where the question is "what does the server capture by default".
-sglang_default_ids = default_aux_layer_ids
-
 
 def check_capturable(layer_ids: list[int], num_hidden_layers: int) -> None:
     """Raise if ids are unordered, repeated or not capturable (the last layer's output never is)."""
