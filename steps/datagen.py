@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from steps import progress
 from steps.config import DatagenConfig, PipelineConfig, find_config, load_config
 from steps.prompts import load_prompts
 from steps.store import Manifest, Store, artifact_id, canonical_json, open_store
@@ -271,8 +271,6 @@ def _totals(chunk_stats: list[dict[str, Any]], n_prompts: int) -> dict[str, Any]
 
 def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int = CHUNK_PROMPTS) -> Manifest:
     """Regenerate the assistant turns of cfg.dataset's prompts with the target (resumable)."""
-    from tqdm import tqdm
-
     from steps.target import load_target, load_tokenizer
 
     prompts = load_prompts(cfg.dataset, cfg.seed)
@@ -284,21 +282,21 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     served = "" if local else served_model_name(str(cfg.datagen.server_url), cfg.target.display_name)
     writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id},
                          config=dataset_identity(cfg, prompts, chunk_prompts))
-    chunk_stats, bar = [], tqdm(total=len(prompts), desc="datagen", unit="prompt", file=sys.stderr)
-    for i, start in enumerate(range(0, len(prompts), chunk_prompts)):
-        chunk, rel = prompts[start:start + chunk_prompts], _chunk_path(i)
-        if writer.has(rel):  # committed by an earlier, interrupted run
-            chunk_stats.append(writer.uploaded(rel)["stats"])
-        else:
-            rows, stats = generate_chunk(chunk, tokenizer, cfg.datagen, model=model, served_name=served,
-                                         seed=cfg.seed * 1_000_003 + start)
-            chunk_stats.append(stats)
-            if stats["ok"]:  # a chunk where every prompt failed is retried by the next run
-                writer.path(rel).write_text("".join(json.dumps(r) + "\n" for r in rows))
-                writer.upload(rel, extra={"stats": stats, "first_id": chunk[0]["id"]})
-        bar.update(len(chunk))
-        bar.set_postfix(ok=sum(s["ok"] for s in chunk_stats), errors=sum(s["errors"] for s in chunk_stats))
-    bar.close()
+    chunk_stats: list[dict[str, Any]] = []
+    with progress.bar(total=len(prompts), desc="datagen", unit="prompt") as bar:
+        for i, start in enumerate(range(0, len(prompts), chunk_prompts)):
+            chunk, rel = prompts[start:start + chunk_prompts], _chunk_path(i)
+            if writer.has(rel):  # committed by an earlier, interrupted run
+                chunk_stats.append(writer.uploaded(rel)["stats"])
+            else:
+                rows, stats = generate_chunk(chunk, tokenizer, cfg.datagen, model=model, served_name=served,
+                                             seed=cfg.seed * 1_000_003 + start)
+                chunk_stats.append(stats)
+                if stats["ok"]:  # a chunk where every prompt failed is retried by the next run
+                    writer.path(rel).write_text("".join(json.dumps(r) + "\n" for r in rows))
+                    writer.upload(rel, extra={"stats": stats, "first_id": chunk[0]["id"]})
+            bar.update(len(chunk))
+            bar.set_postfix(ok=sum(s["ok"] for s in chunk_stats), errors=sum(s["errors"] for s in chunk_stats))
     metrics = _totals(chunk_stats, len(prompts))
     if metrics["ok"] == 0:
         first = next((s["first_error"] for s in chunk_stats if "first_error" in s), "no answers")

@@ -33,7 +33,7 @@ def test_cli_commands_are_pinned():
     from steps.cli import COMMANDS
 
     assert set(COMMANDS) == {"target", "datagen", "extract", "mapping", "train", "export", "verify",
-                             "serve", "benchmark", "doctor", "convert", "pipeline", "demo"}
+                             "serve", "benchmark", "doctor", "convert", "pipeline", "demo", "stack", "dataset"}
 
 
 def test_every_step_module_has_run_and_main():
