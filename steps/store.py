@@ -33,6 +33,8 @@ ID_SCHEMA = 1
 MANIFEST = "manifest.json"
 #: per-artifact folder of upload records that make early uploads visible to a resumed writer.
 PARTIAL = ".partial"
+#: S3's limit for one PUT; objects put whole up to this size get their md5 as ETag.
+SINGLE_PUT_MAX_BYTES = 5 * 1024**3
 
 
 class ArtifactError(RuntimeError):
@@ -101,6 +103,17 @@ class Backend(Protocol):
     def list(self, prefix: str) -> list[str]: ...
     def delete(self, key: str) -> None: ...
     def local_path(self, key: str) -> Path | None: ...
+    def stat(self, key: str) -> dict[str, Any] | None: ...
+    def put_file_whole(self, key: str, local: Path) -> None: ...
+
+
+def md5_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The S3 ETag of a single-part upload of this file, so a local store reports the same versions."""
+    h = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 class FileBackend:
@@ -152,6 +165,14 @@ class FileBackend:
 
     def local_path(self, key: str) -> Path | None:
         return self._p(key)
+
+    def stat(self, key: str) -> dict[str, Any] | None:
+        """Size and content version (md5 hex, as S3's ETag of a single-part upload), or None if absent."""
+        p = self._p(key)
+        return {"size": p.stat().st_size, "etag": md5_file(p)} if p.is_file() else None
+
+    def put_file_whole(self, key: str, local: Path) -> None:
+        self.put_file(key, local)
 
 
 class S3Backend:
@@ -243,6 +264,28 @@ class S3Backend:
 
     def local_path(self, key: str) -> Path | None:
         return None
+
+    def stat(self, key: str) -> dict[str, Any] | None:
+        """Size and ETag (quotes stripped) from HEAD, or None if the object is absent."""
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+        except ClientError as err:
+            if err.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
+                self._check_bucket()
+                return None
+            raise
+        return {"size": head["ContentLength"], "etag": head["ETag"].strip('"')}
+
+    def put_file_whole(self, key: str, local: Path) -> None:
+        """Upload in one PUT (up to S3's 5 GB limit), so the ETag is the file's md5: a multipart
+        upload's ETag (`<md5 of md5s>-<parts>`) would differ from the md5 a file store computes,
+        and the same bytes would look like a new dataset version."""
+        from boto3.s3.transfer import TransferConfig
+
+        single = TransferConfig(multipart_threshold=SINGLE_PUT_MAX_BYTES)
+        self.client.upload_file(str(local), self.bucket, self._k(key), Config=single)
 
 
 # --- manifests --------------------------------------------------------------------------------------
@@ -482,19 +525,61 @@ class Store:
         return ArtifactWriter(self, m, staging)
 
     # aliases
-    def set_alias(self, name: str, kind: str, art_id: str) -> dict[str, Any]:
+    def set_alias(self, name: str, kind: str, art_id: str, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Point `name` at an existing artifact; the record keeps the one it replaced under `previous`."""
         if not self.exists(kind, art_id):
             raise ArtifactError(f"alias {name!r}: artifact {kind}/{art_id} does not exist")
         old = self.get_alias(name)
-        rec = {"kind": kind, "id": art_id, "previous": old, "updated": utc_now()}
-        if old:
-            rec["previous"] = {"kind": old["kind"], "id": old["id"]}
+        rec = {"kind": kind, "id": art_id, "meta": meta or {}, "updated": utc_now(),
+               "previous": {"kind": old["kind"], "id": old["id"]} if old else None}
         self.backend.put_bytes(f"aliases/{name}.json", json.dumps(rec, indent=2).encode())
         return rec
 
     def get_alias(self, name: str) -> dict[str, Any] | None:
         raw = self.backend.get_bytes(f"aliases/{name}.json")
         return json.loads(raw) if raw else None
+
+    # plain objects: uploaded inputs such as `datasets/<name>/<file>`, versioned by ETag, no manifest
+    def object_uri(self, key: str) -> str:
+        return f"{self.uri.rstrip('/')}/{key}"
+
+    def put_object(self, key: str, local: Path) -> dict[str, Any]:
+        """Upload one file whole (its version is then its md5) and return the stored `stat`."""
+        self.backend.put_file_whole(key, Path(local))
+        landed = self.backend.stat(key)
+        size = Path(local).stat().st_size
+        if landed is None or landed["size"] != size:
+            raise ArtifactError(f"upload of {self.object_uri(key)}: {landed and landed['size']} bytes landed, "
+                                f"expected {size}")
+        return landed
+
+    def list_objects(self, prefix: str) -> list[str]:
+        """Keys under `prefix`, without hidden or temporary files (names starting with a dot)."""
+        return [k for k in self.backend.list(prefix) if not k.rsplit("/", 1)[-1].startswith(".")]
+
+    def fetch_object(self, key: str) -> Path:
+        """A local copy of a plain object (the file itself on file://, else a copy in the cache,
+        downloaded again when its ETag changed)."""
+        stat = self.backend.stat(key)
+        if stat is None:
+            raise FileNotFoundError(f"{self.object_uri(key)}: no such object in the store")
+        local = self.backend.local_path(key)
+        if local is not None:
+            return local
+        local = self.cache_dir / "objects" / stat["etag"] / key
+        if not (local.is_file() and local.stat().st_size == stat["size"]):
+            self.backend.get_file(key, local)
+        if local.stat().st_size != stat["size"]:
+            raise ArtifactError(f"{self.object_uri(key)}: downloaded {local.stat().st_size} bytes, expected "
+                                f"{stat['size']} (changed while downloading? fetch it again)")
+        return local
+
+    def restore_alias(self, name: str, record: dict[str, Any] | None) -> None:
+        """Put back an alias record exactly as `get_alias` returned it (None: the alias did not exist)."""
+        if record is None:
+            self.backend.delete(f"aliases/{name}.json")
+        else:
+            self.backend.put_bytes(f"aliases/{name}.json", json.dumps(record, indent=2).encode())
 
 
 def open_store(uri: str | None = None, *, cache_dir: str | Path | None = None,

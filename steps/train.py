@@ -28,6 +28,13 @@ of `max_length` (block-diagonal attention: no sequence sees another), rows into 
 ~`batch_tokens`, in a seeded order planned before the first step (every shard of every epoch).
 Checkpoints (model, AdamW, step, RNG) go into the artifact's staging folder every
 `checkpoint_every` steps; a re-run resumes from the latest one.
+
+Several GPUs: `torchrun --nproc-per-node N -m steps.train ...` (`steps/distributed.py`). Each rank
+takes every N-th row of each planned batch; the loss is normalised by the global count of
+predictions, so the N ranks take the optimizer steps one process takes on the same plan (the same
+loss curve within float tolerance, and the same draft id). `train.parallel` picks DDP or FSDP.
+Checkpoints hold full tensors keyed by name, written by rank 0, so a run resumes at any world size;
+only rank 0 writes the log and the artifact.
 """
 
 from __future__ import annotations
@@ -35,9 +42,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +54,9 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from torch import Tensor
-from tqdm import tqdm
+from torch import Tensor, nn
 
+from steps import distributed
 from steps.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
 from steps.draft import DraftCache, DraftConfig, Eagle3Draft
 from steps.mapping import load_vocab, validate_vocab
@@ -58,6 +66,9 @@ from steps.target import target_dir
 
 MODEL_FILE, CONFIG_FILE, LOG_FILE = "model.safetensors", "draft_config.json", "train_log.jsonl"
 CKPT_PREFIX = "checkpoint-"
+#: train fields that change how the work is spread over GPUs, not what is learned: the same draft
+#: id at any world size (the loss curve is the same within float tolerance).
+NOT_IN_ID = ("parallel", "fsdp_min_params")
 #: AdamW betas of EAGLE-3 / SpecForge draft training.
 BETAS = (0.9, 0.95)
 
@@ -306,24 +317,56 @@ def target_distributions(batch: Batch, head_rows: Tensor, valid: list[Tensor]) -
         return index, torch.softmax(logits.float(), -1), logits.argmax(-1)
 
 
+def ttt_sums(model: Eagle3Draft, batch: Batch, head_rows: Tensor, valid: list[Tensor], *, decay: float,
+             denominators: Sequence[float]) -> tuple[Tensor, list[float], list[Tensor]]:
+    """Σ_j decay^j · Σ_p soft-CE(p) / denominators[j] over step j's positions `valid[j]`
+    -> (loss, top-1 hits per step, out_hidden of each step).
+
+    The denominators are the *global* counts of step j's positions (over every rank), so ranks that
+    each hold some rows of a batch sum to exactly the loss of the whole batch."""
+    index, probs, argmax = target_distributions(batch, head_rows, valid)
+    loss, hits, outs = torch.zeros((), device=batch.aux.device), [], []
+    length = batch.doc.shape[1]
+    for j, (out, lay) in enumerate(ttt_unroll(model, batch, len(valid), valid)):
+        outs.append(out)
+        b, p = valid[j].nonzero(as_tuple=True)
+        if len(b) == 0:
+            hits.append(0.0)
+            continue
+        tr = index[b * length + p + 1 + j]
+        logits = model.compute_logits(out[b, lay.inv[b, p]]).float()      # head only where it counts
+        ce = F.cross_entropy(logits, probs[tr], reduction="sum")
+        loss = loss + decay**j * ce / denominators[j]
+        hits.append(float((logits.argmax(-1) == argmax[tr]).sum()))
+    return loss, hits, outs
+
+
 def ttt_loss(model: Eagle3Draft, batch: Batch, head_rows: Tensor, *, steps: int,
              decay: float) -> tuple[Tensor, list[float | None], int]:
     """Σ_j decay^j · mean soft-CE over step j's positions -> (loss, per-step top-1 acc, positions)."""
     valid = loss_positions(batch, model.t2d, steps)
-    index, probs, argmax = target_distributions(batch, head_rows, valid)
-    loss, accs, counted = torch.zeros((), device=batch.aux.device), [], 0
-    length = batch.doc.shape[1]
-    for j, (out, lay) in enumerate(ttt_unroll(model, batch, steps, valid)):
-        b, p = valid[j].nonzero(as_tuple=True)
-        if len(b) == 0:
-            accs.append(None)
-            continue
-        tr = index[b * length + p + 1 + j]
-        logits = model.compute_logits(out[b, lay.inv[b, p]]).float()      # head only where it counts
-        loss = loss + decay**j * F.cross_entropy(logits, probs[tr])
-        accs.append(float((logits.argmax(-1) == argmax[tr]).float().mean()))
-        counted += len(b)
-    return loss, accs, counted
+    counts = [int(v.sum()) for v in valid]
+    loss, hits, _ = ttt_sums(model, batch, head_rows, valid, decay=decay, denominators=[max(1, n) for n in counts])
+    return loss, [h / n if n else None for h, n in zip(hits, counts, strict=True)], sum(counts)
+
+
+class TTTObjective(nn.Module):
+    """The draft and its TTT loss behind one `forward`, the call DDP and FSDP hook their
+    communication into (the unroll itself calls the draft's `forward_hidden`/`compute_logits`)."""
+
+    def __init__(self, draft: Eagle3Draft, *, decay: float):
+        super().__init__()
+        self.draft, self.decay = draft, decay
+
+    def forward(self, batch: Batch, head_rows: Tensor, valid: list[Tensor], denominators: list[float],
+                scale: float) -> tuple[Tensor, list[float]]:
+        """`scale` undoes the world-size averaging of DDP/FSDP gradients (1 for one process)."""
+        loss, hits, outs = ttt_sums(self.draft, batch, head_rows, valid, decay=self.decay, denominators=denominators)
+        if not any(bool(v.any()) for v in valid):
+            # This rank holds no counted prediction (or only padding) while others do: every trainable
+            # parameter must still get a (zero) gradient, or DDP/FSDP wait for it forever.
+            loss = loss + 0.0 * self.draft.compute_logits(outs[-1]).sum()
+        return loss * scale, hits
 
 
 # --- optimisation, checkpoints ------------------------------------------------------------------------
@@ -337,47 +380,14 @@ def lr_at(step: int, total: int, *, lr: float, warmup_ratio: float, min_lr_ratio
     return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def fp32_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A state dict as written to disk: floating tensors fp32, everything contiguous (safetensors needs it)."""
+    return {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous() for k, v in state.items()}
+
+
 def trainable_state(model: Eagle3Draft) -> dict[str, Tensor]:
-    return {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
-            for k, v in model.state_dict().items()}
+    return fp32_state(model.state_dict())
 
-
-def save_checkpoint(staging: Path, step: int, model: Eagle3Draft, opt: torch.optim.Optimizer,
-                    state: dict[str, Any]) -> None:
-    """checkpoint-{step}/ with model.safetensors, optimizer.pt, rng.safetensors, state.json (last)."""
-    d = staging / f"{CKPT_PREFIX}{step:08d}"
-    d.mkdir(parents=True, exist_ok=True)
-    save_file(trainable_state(model), str(d / MODEL_FILE))
-    torch.save(opt.state_dict(), d / "optimizer.pt")
-    save_file({"cpu": torch.get_rng_state()}, str(d / "rng.safetensors"))
-    (d / "state.json").write_text(json.dumps({**state, "step": step}))
-    for old in staging.glob(f"{CKPT_PREFIX}*"):                 # keep only the newest
-        if old != d:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(staging: Path, model: Eagle3Draft, opt: torch.optim.Optimizer) -> dict[str, Any] | None:
-    """Restore the newest complete checkpoint (one with state.json); None when there is none."""
-    done = sorted(p for p in staging.glob(f"{CKPT_PREFIX}*") if (p / "state.json").is_file())
-    if not done:
-        return None
-    d = done[-1]
-    model.load_state_dict(load_file(str(d / MODEL_FILE)))
-    opt.load_state_dict(torch.load(d / "optimizer.pt", weights_only=True))
-    torch.set_rng_state(load_file(str(d / "rng.safetensors"))["cpu"])
-    return json.loads((d / "state.json").read_text())
-
-
-def resolve_device(cfg: PipelineConfig) -> tuple[torch.device, torch.dtype | None]:
-    """auto: CUDA + bf16 autocast when present, else CPU fp32 (bf16 is ~20x slower on AVX2 CPUs)."""
-    t = cfg.train
-    device = torch.device("cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
-    bf16 = t.precision == "bf16" or (t.precision == "auto" and device.type == "cuda")
-    return device, (torch.bfloat16 if bf16 else None)
-
-
-# --- the loop ----------------------------------------------------------------------------------------------
 
 @dataclass
 class Setup:
@@ -388,27 +398,115 @@ class Setup:
     meta: dict[str, Any]
 
 
-def train_step(model: Eagle3Draft, opt: torch.optim.Optimizer, batch: Batch, head_rows: Tensor, *,
-               cfg: PipelineConfig, lr: float, amp: torch.dtype | None) -> dict[str, Any]:
-    """One optimizer step on one packed batch -> its log record."""
+@dataclass
+class Trainer:
+    """What an optimizer step needs. `objective` is the module to call: the draft's TTT loss, wrapped
+    for DDP/FSDP when the world has several ranks; `draft` is the unwrapped model (names, buffers)."""
+    draft: Eagle3Draft
+    objective: nn.Module
+    opt: torch.optim.Optimizer
+    head_rows: Tensor        # [draft_vocab, Ht] on the device
+    world: distributed.World
+    amp: torch.dtype | None  # autocast dtype, None = fp32
+    parallel: str            # "ddp" | "fsdp" | "none" (one process)
+
+
+def amp_dtype(cfg: PipelineConfig, device: torch.device) -> torch.dtype | None:
+    """auto: bf16 autocast on CUDA, fp32 on CPU (bf16 is ~20x slower on AVX2 CPUs)."""
+    p = cfg.train.precision
+    return torch.bfloat16 if p == "bf16" or (p == "auto" and device.type == "cuda") else None
+
+
+def build_trainer(cfg: PipelineConfig, s: Setup, world: distributed.World) -> Trainer:
+    """Move the draft to this rank's device, wrap it (DDP/FSDP under torchrun), build AdamW over what
+    the wrapper left (FSDP replaces parameters with shards, so the optimizer comes last)."""
     t = cfg.train
-    for g in opt.param_groups:
+    draft = s.model.to(world.device)
+    mode = (distributed.choose_parallel(t.parallel, draft, fsdp_min_params=t.fsdp_min_params)
+            if world.distributed else "none")
+    objective = distributed.parallelize(TTTObjective(draft, decay=t.step_decay), world, mode, shard=[draft.midlayer])
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=t.lr, betas=BETAS,
+                            weight_decay=t.weight_decay)
+    return Trainer(draft, objective, opt, s.head_rows.to(world.device), world, amp_dtype(cfg, world.device), mode)
+
+
+def save_checkpoint(staging: Path, step: int, tr: Trainer, state: dict[str, Any]) -> None:
+    """checkpoint-{step}/ with model.safetensors, optimizer.pt, rng.safetensors, state.json (last).
+
+    Full tensors keyed by parameter name whatever the world size (a run saved on 8 GPUs resumes on
+    1); gathered by every rank (FSDP), written by rank 0."""
+    weights, opt_state = distributed.full_state(tr.draft, tr.opt)
+    if not tr.world.is_main:
+        return
+    d = staging / f"{CKPT_PREFIX}{step:08d}"
+    d.mkdir(parents=True, exist_ok=True)
+    save_file(fp32_state(weights), str(d / MODEL_FILE))
+    torch.save(opt_state, d / "optimizer.pt")
+    save_file({"cpu": torch.get_rng_state()}, str(d / "rng.safetensors"))
+    (d / "state.json").write_text(json.dumps({**state, "step": step, "world_size": tr.world.size}))
+    for old in staging.glob(f"{CKPT_PREFIX}*"):                 # keep only the newest
+        if old != d:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(staging: Path, tr: Trainer) -> dict[str, Any] | None:
+    """Restore the newest complete checkpoint (one with state.json) on every rank; None when there is none."""
+    done = sorted(p for p in staging.glob(f"{CKPT_PREFIX}*") if (p / "state.json").is_file())
+    if not done:
+        return None
+    d = done[-1]
+    distributed.load_full_state(tr.draft, tr.opt, load_file(str(d / MODEL_FILE)),
+                                torch.load(d / "optimizer.pt", weights_only=True))
+    torch.set_rng_state(load_file(str(d / "rng.safetensors"))["cpu"])
+    state = json.loads((d / "state.json").read_text())
+    state.pop("world_size", None)                               # the world it was saved at: informative only
+    return state
+
+
+# --- the loop ----------------------------------------------------------------------------------------------
+
+def rank_batch(shard: dict[str, Any], rows: list[list[tuple[int, int]]], max_length: int,
+               world: distributed.World) -> Batch:
+    """This rank's rows of a global batch (every size-th row); a rank left without rows gets one
+    padding position, so it still takes part in the step's collectives."""
+    mine = distributed.split_strided(rows, world)
+    if mine:
+        return make_batch(shard, mine, max_length)
+    a, h = shard["aux_hidden"].shape[-1], shard["final_hidden"].shape[-1]
+    zeros = torch.zeros(1, 1, dtype=torch.int64)
+    return Batch(zeros, zeros.bool(), zeros - 1, zeros.clone(), torch.zeros(1, 1, a), torch.zeros(1, 1, h))
+
+
+def train_step(tr: Trainer, batch: Batch, *, cfg: PipelineConfig, lr: float) -> dict[str, Any]:
+    """One optimizer step on this rank's rows of one global batch -> the batch's log record (global).
+
+    The loss of rank r is Σ_j decay^j Σ_{p in r} CE / N_j, with N_j the global count of step j's
+    positions, times the world size (DDP/FSDP average gradients): the sum over ranks is the loss of
+    the whole batch, so the step equals one process's step on the same batch."""
+    t, world = cfg.train, tr.world
+    for g in tr.opt.param_groups:
         g["lr"] = lr
-    with torch.autocast(batch.aux.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
-        loss, accs, counted = ttt_loss(model, batch, head_rows, steps=t.ttt_steps, decay=t.step_decay)
-    opt.zero_grad(set_to_none=True)
-    grad_norm = 0.0
-    if counted:                                       # a batch of prompts only has nothing to learn
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
-        opt.step()
-    return {"loss": loss.item(), "acc": accs, "lr": lr, "grad_norm": grad_norm, "tokens": batch.tokens,
-            "positions": counted}
+    valid = loss_positions(batch, tr.draft.t2d, t.ttt_steps)
+    *counts, tokens = distributed.all_reduce_sum(world, [float(v.sum()) for v in valid] + [batch.tokens])
+    tr.opt.zero_grad(set_to_none=True)
+    loss, hits, grad_norm = 0.0, [0.0] * len(valid), 0.0
+    if sum(counts):                                   # a batch of prompts only has nothing to learn
+        with torch.autocast(batch.aux.device.type, dtype=tr.amp or torch.bfloat16, enabled=tr.amp is not None):
+            scaled, hits = tr.objective(batch, tr.head_rows, valid, [max(1.0, n) for n in counts], float(world.size))
+        scaled.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(tr.draft.parameters(), t.grad_clip))
+        tr.opt.step()
+        loss = scaled.item() / world.size
+    loss, *hits = distributed.all_reduce_sum(world, [loss, *hits])
+    return {"loss": loss, "acc": [h / n if n else None for h, n in zip(hits, counts, strict=True)], "lr": lr,
+            "grad_norm": grad_norm, "tokens": int(tokens), "positions": int(sum(counts))}
 
 
-def restore(staging: Path, model: Eagle3Draft, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], list[dict]]:
-    """Resume state from the newest checkpoint (or a fresh one) and the log up to it."""
-    state = load_checkpoint(staging, model, opt) or {"step": 0, "tokens": 0, "train_s": 0.0, "shards_read": []}
+def restore(staging: Path, tr: Trainer) -> tuple[dict[str, Any], list[dict]]:
+    """Resume state from the newest checkpoint (or a fresh one) and, on rank 0, the log up to it."""
+    state = load_checkpoint(staging, tr) or {"step": 0, "tokens": 0, "train_s": 0.0, "shards_read": []}
+    if not tr.world.is_main:                                   # only rank 0 reads or writes the log
+        return state, []
     log_path = staging / LOG_FILE
     kept = [ln for ln in (log_path.read_text().splitlines() if log_path.exists() else [])
             if json.loads(ln)["step"] < state["step"]]
@@ -417,37 +515,41 @@ def restore(staging: Path, model: Eagle3Draft, opt: torch.optim.Optimizer) -> tu
 
 
 def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
-               on_step: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+               on_step: Callable[[int, dict[str, Any]], None] | None = None,
+               world: distributed.World | None = None) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """Train to the end of the plan (or train.max_steps) -> (metrics, full fp32 weights; rank 0's are real)."""
     t = cfg.train
-    device, amp = resolve_device(cfg)
-    model, head_rows = s.model.to(device), s.head_rows.to(device)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=BETAS,
-                            weight_decay=t.weight_decay)
+    world = world or distributed.setup(t.device)
+    tr = build_trainer(cfg, s, world)
     total = len(s.plan) if t.max_steps is None else min(len(s.plan), t.max_steps)   # 0: the untrained control
-    state, recent = restore(staging, model, opt)
+    state, recent = restore(staging, tr)
     s.reader.read.update(state["shards_read"])
     shard_name, shard = None, None
-    bar = tqdm(range(state["step"], total), initial=state["step"], total=total, desc="train", disable=None)
-    for step in bar:
-        name, rows = s.plan[step]
-        if name != shard_name:
-            shard_name, shard = name, s.reader.load(name)
-        batch = _to(make_batch(shard, rows, t.max_length), device)
-        t0 = time.perf_counter()
-        lr = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
-        rec = {"step": step, **train_step(model, opt, batch, head_rows, cfg=cfg, lr=lr, amp=amp), "shard": name}
-        state["train_s"] += time.perf_counter() - t0
-        state["tokens"] += rec["tokens"]
-        state["shards_read"] = sorted(s.reader.read)
-        with (staging / LOG_FILE).open("a") as f:
-            f.write(json.dumps(rec) + "\n")
-        recent = (recent + [rec])[-10:]
-        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=rec["acc"][0])
-        if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0 and step + 1 < total:
-            save_checkpoint(staging, step + 1, model, opt, state)
-        if on_step is not None:
-            on_step(step + 1, rec)
-    return _summary(state, recent, total, len(s.plan), s.reader)
+    with distributed.progress_bar(world, total=total, initial=state["step"], desc="train", unit="step") as bar:
+        for step in range(state["step"], total):
+            name, rows = s.plan[step]
+            if name != shard_name:
+                shard_name, shard = name, s.reader.load(name)
+            batch = _to(rank_batch(shard, rows, t.max_length, world), world.device)
+            t0 = time.perf_counter()
+            lr = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
+            rec = {"step": step, **train_step(tr, batch, cfg=cfg, lr=lr), "shard": name}
+            state["train_s"] += time.perf_counter() - t0
+            state["tokens"] += rec["tokens"]
+            state["shards_read"] = sorted(s.reader.read)
+            if world.is_main:
+                with (staging / LOG_FILE).open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            recent = (recent + [rec])[-10:]
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=rec["acc"][0])
+            if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0 and step + 1 < total:
+                save_checkpoint(staging, step + 1, tr, state)
+            if on_step is not None:
+                on_step(step + 1, rec)
+    metrics = {**_summary(state, recent, total, len(s.plan), s.reader), "world_size": world.size,
+               "parallel": tr.parallel}
+    return metrics, fp32_state(distributed.full_state(tr.draft)[0])
 
 
 def _to(batch: Batch, device: torch.device) -> Batch:
@@ -480,7 +582,7 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
     validate_vocab(d2t, t2d, int(tcfg["vocab_size"]))
     dcfg = draft_config(cfg, tcfg, len(layer_ids), d2t)
     head = read_target_head(tdir, tcfg)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)                   # every rank starts from the same weights
     model = Eagle3Draft.from_target(head, dcfg, d2t, t2d)
     budget = cfg.train.cache_budget or cfg.extract.disk_budget_bytes
     reader = ShardReader(store, hidden, int(budget))
@@ -495,21 +597,33 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
     return Setup(model, head["lm_head.weight"][d2t + torch.arange(len(d2t))], reader, plan, meta)
 
 
+def draft_id(cfg: PipelineConfig, inputs: dict[str, str]) -> str:
+    """The `draft` artifact id: the train section (less how it is spread over GPUs), the seed, the inputs."""
+    section = cfg.train.model_dump(mode="json", exclude=set(NOT_IN_ID))
+    return artifact_id("draft", {"train": section, "seed": cfg.seed}, inputs)
+
+
 def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab_id: str, *,
         on_step: Callable[[int, dict[str, Any]], None] | None = None) -> Manifest:
-    """Train (or resume, or reuse) the draft for these inputs; `on_step(step, record)` after each step."""
+    """Train (or resume, or reuse) the draft for these inputs; `on_step(step, record)` after each step.
+
+    Under torchrun every rank calls this; rank 0 writes the artifact, the others return its manifest."""
     inputs = {"target": target_id, "hidden": hidden_id, "vocab": vocab_id}
-    art_id = artifact_id("draft", {"train": cfg.train.model_dump(mode="json"), "seed": cfg.seed}, inputs)
+    art_id = draft_id(cfg, inputs)
     if store.exists("draft", art_id):
         return store.manifest("draft", art_id)
+    world = distributed.setup(cfg.train.device)
     setup = prepare(cfg, store, target_id, hidden_id, vocab_id)
-    writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train)
-    metrics = train_loop(cfg, setup, writer.staging, on_step)
-    save_file(trainable_state(setup.model.cpu()), str(writer.path(MODEL_FILE)))
-    writer.path(CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
-    for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):          # resume state is not part of the artifact
-        shutil.rmtree(ckpt)
-    return writer.commit(metrics=metrics, meta=setup.meta)
+    writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train)   # staging: every rank
+    metrics, weights = train_loop(cfg, setup, writer.staging, on_step, world)
+    if world.is_main:
+        save_file(weights, str(writer.path(MODEL_FILE)))
+        writer.path(CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
+        for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):      # resume state is not part of the artifact
+            shutil.rmtree(ckpt)
+        writer.commit(metrics=metrics, meta=setup.meta)
+    distributed.barrier(world)                                   # the manifest exists for every rank now
+    return store.manifest("draft", art_id)
 
 
 def load_draft(store: Store, draft_id: str) -> tuple[Eagle3Draft, dict[str, Any]]:
@@ -525,7 +639,8 @@ def load_draft(store: Store, draft_id: str) -> tuple[Eagle3Draft, dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     from steps.config import find_config, load_config
 
-    p = argparse.ArgumentParser(prog="python -m steps.train", description="Train the EAGLE-3 draft (TTT).")
+    p = argparse.ArgumentParser(prog="python -m steps.train", description="Train the EAGLE-3 draft (TTT); "
+                                "on several GPUs: torchrun --nproc-per-node N -m steps.train ...")
     p.add_argument("--config", required=True, help="config name (configs/<name>.yaml) or path")
     p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override")
     p.add_argument("--store", default=None, help="store URI (default: config's store)")
@@ -534,8 +649,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", required=True, help="vocab artifact id (mapping)")
     args = p.parse_args(argv)
     cfg = load_config(find_config(args.config), args.set)
-    m = run(cfg, open_store(args.store or cfg.store), args.target, args.hidden, args.vocab)
-    print(json.dumps({"kind": m.kind, "id": m.id, "metrics": m.metrics}))
+    try:
+        m = run(cfg, open_store(args.store or cfg.store), args.target, args.hidden, args.vocab)
+        if distributed.env_world_size() == 1 or int(os.environ.get("RANK", "0")) == 0:   # one answer per job
+            print(json.dumps({"kind": m.kind, "id": m.id, "metrics": m.metrics}))
+    finally:
+        distributed.shutdown()
     return 0
 
 

@@ -1,0 +1,178 @@
+"""New datasets start runs, against a real `prefect server start` (the `prefect_stack` fixture, with the
+deployments of deploy/prefect.yaml and their triggers):
+
+1. `eaglenest dataset upload` starts exactly one run of `eagle3-pipeline/tiny` within 60 s, with the
+   object's URI as its `dataset` parameter; uploading the same file again, or another announcer
+   sending the same event, starts none;
+2. an object copied into a store by other means (no event) is announced by one `dataset-sensor` run,
+   exactly once: the server holds that event and one pipeline run follows; a second sensor run
+   announces nothing.
+
+Counting is all these tests need of a triggered run, so each one is cancelled once counted (a whole
+pipeline per test would cost minutes of a shared 2-core machine and prove nothing more here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flows.datasets import dataset_event, post_events
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOYMENT = "eagle3-pipeline/tiny"
+#: the issue's promise: a run exists within 60 s of the upload command (its own start-up included).
+START_DEADLINE_S = 60
+#: how long a second run is given to appear before "none" is believed (an event → run takes < 1 s
+#: on this machine; the trigger service, not the worker, creates it).
+NO_SECOND_RUN_S = 20
+#: a CLI call is a fresh Python importing prefect: 5-10 s on a busy 2-core machine.
+CLI_TIMEOUT_S = 180
+ROWS = [{"prompt": "What does a speculative decoding drafter do?"},
+        {"messages": [{"role": "user", "content": "Write a haiku about caches."}]}]
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+def client(stack):
+    from prefect.client.orchestration import SyncPrefectClient
+
+    return SyncPrefectClient(stack.api_url)
+
+
+def write_dataset(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def run_python(stack, *args: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, *args], env=stack.env, cwd=REPO, capture_output=True, text=True,
+                         timeout=CLI_TIMEOUT_S)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def upload(stack, path: Path, name: str) -> tuple[str, str]:
+    """`eaglenest dataset upload PATH --name NAME --store <stack store>`; (object URI, output)."""
+    out = run_python(stack, "-m", "steps.cli", "dataset", "upload", str(path), "--name", name,
+                     "--store", stack.store_uri)
+    match = re.search(r"^(\S+/datasets/\S+): ", out.stdout, re.M)
+    assert match, out.stdout
+    return match.group(1), out.stdout
+
+
+def run_sensor(stack, store_uri: str) -> list[str]:
+    """One dataset-sensor flow run (in a fresh process, reporting to the stack's server); the ids it sent."""
+    code = ("import json, sys; from flows.datasets import dataset_sensor; "
+            "print('SENT=' + json.dumps(dataset_sensor(store=sys.argv[1])))")
+    out = run_python(stack, "-c", code, store_uri)
+    return json.loads(re.search(r"^SENT=(.*)$", out.stdout, re.M).group(1))
+
+
+def runs_for(stack, uri: str) -> list:
+    """Runs of eagle3-pipeline/tiny whose `dataset` parameter is `uri`."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with client(stack) as c:
+        deployment = c.read_deployment_by_name(DEPLOYMENT)
+        runs = c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+    return [r for r in runs if r.parameters.get("dataset") == uri]
+
+
+def wait_for_runs(stack, uri: str, at_least: int, deadline: float) -> list:
+    runs = runs_for(stack, uri)
+    while len(runs) < at_least and time.monotonic() < deadline:
+        time.sleep(0.5)
+        runs = runs_for(stack, uri)
+    return runs
+
+
+def cancel(stack, runs: list) -> None:
+    """Stop triggered runs (and the step runs they started): counted, not needed further."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.states import Cancelled, Cancelling
+
+    with client(stack) as c:
+        for run in runs:
+            children = c.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+            for r in [run, *children]:
+                state = c.read_flow_run(r.id).state
+                if state is None or state.is_final():
+                    continue
+                # A run a worker holds is stopped through Cancelling (the worker kills its process);
+                # one nobody picked up yet is simply Cancelled.
+                new = Cancelled() if state.is_scheduled() else Cancelling()
+                c.set_flow_run_state(r.id, new, force=True)
+
+
+def stored_events(stack, event_id: str) -> list[dict]:
+    import httpx
+
+    response = httpx.post(f"{stack.api_url}/events/filter", json={"filter": {"id": {"id": [event_id]}}}, timeout=30)
+    response.raise_for_status()
+    return response.json()["events"]
+
+
+# --- tests --------------------------------------------------------------------------------------------
+
+def test_an_upload_starts_one_run_within_60_s_and_the_same_upload_none(prefect_stack, tmp_path):
+    name = f"trigger-{uuid.uuid4().hex[:8]}"
+    path = write_dataset(tmp_path / "prompts.jsonl")
+    started = time.monotonic()  # the user's clock starts when they type the command
+    uri, first = upload(prefect_stack, path, name)
+    assert ": uploaded;" in first and "eagle3-pipeline starts a run" in first
+    runs = wait_for_runs(prefect_stack, uri, 1, started + START_DEADLINE_S)
+    try:
+        assert len(runs) == 1, f"no run of {DEPLOYMENT} with dataset={uri} within {START_DEADLINE_S} s"
+        assert runs[0].parameters["store"] and runs[0].parameters["mode"] == "deployments"
+
+        _, again = upload(prefect_stack, path, name)
+        assert "same bytes, not sent again" in again and "no second one" in again
+        # Another announcer of the same version (the MinIO adapter, which keeps no record) sends the
+        # same event: same id, and still one run.
+        version = re.search(r"version ([0-9a-f]{32})", first).group(1)
+        post_events(prefect_stack.api_url, [dataset_event(uri, name, version, path.stat().st_size,
+                                                          runs[0].parameters["store"])])
+        runs = wait_for_runs(prefect_stack, uri, 2, time.monotonic() + NO_SECOND_RUN_S)
+        assert len(runs) == 1, f"the same object version announced again started {len(runs)} runs"
+    finally:
+        cancel(prefect_stack, runs_for(prefect_stack, uri))
+
+
+def test_the_sensor_announces_a_copied_object_once(prefect_stack, tmp_path):
+    # A store of its own: the stack's scheduled sensor polls the stack's store and must not answer first.
+    store_dir = tmp_path / "sensor-store"
+    name = f"sensor-{uuid.uuid4().hex[:8]}"
+    copied = store_dir / "datasets" / name / "prompts.jsonl"
+    copied.parent.mkdir(parents=True)
+    shutil.copyfile(write_dataset(tmp_path / "prompts.jsonl"), copied)  # by other means: no event
+    store_uri = f"file://{store_dir.resolve()}"
+    uri = f"{store_uri}/datasets/{name}/prompts.jsonl"
+    expected = dataset_event(uri, name, hashlib.md5(copied.read_bytes()).hexdigest(), copied.stat().st_size,
+                             store_uri)
+
+    assert run_sensor(prefect_stack, store_uri) == [expected["id"]]
+    announced_at = time.monotonic()
+    try:
+        stored = stored_events(prefect_stack, expected["id"])
+        assert len(stored) == 1 and stored[0]["payload"] == expected["payload"]
+        runs = wait_for_runs(prefect_stack, uri, 1, announced_at + START_DEADLINE_S)
+        assert len(runs) == 1, f"the sensor's event started {len(runs)} runs of {DEPLOYMENT}"
+
+        assert run_sensor(prefect_stack, store_uri) == []
+        assert len(wait_for_runs(prefect_stack, uri, 2, time.monotonic() + NO_SECOND_RUN_S)) == 1
+    finally:
+        cancel(prefect_stack, runs_for(prefect_stack, uri))
