@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
-    records = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store)
-    control = eagle3_pipeline(config=args.config, overrides=args.overrides + UNTRAINED, store=args.store)
+    records = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, through="verify")
+    control = eagle3_pipeline(config=args.config, overrides=args.overrides + UNTRAINED, store=args.store,
+                              through="verify")
     store_uri = args.store or load_config(find_config(args.config), args.overrides).store
     summary = summarize(args.config, records, control, store_uri)
     out = Path(args.out)

@@ -1,72 +1,141 @@
 """The eagle3-pipeline flow: one task per step, one line per arrow of the DESIGN.md diagram.
 
-    target ─► datagen ─► extract ─► mapping ─► train ─► export ─► verify
+    target ─► datagen ─► extract ─► mapping ─► train ─► export ─► verify ─► serve ─► benchmark ─► gate
 
-Each task calls a step's `run()` with artifact ids and returns a small record (artifact id, URI,
-wall seconds, metrics); no tensors cross a task boundary. Steps are idempotent (content-addressed
-artifact ids), so a re-run reuses every finished artifact.
+`mode="local"` runs each step in this process; `mode="deployments"` starts each step as its own
+deployment (`<step>/<pool>`, its own container on the pool of its hardware class on a cluster) with
+`run_deployment`. Either way each step call is a task with a persisted result and a cache policy
+scoped to this flow run, so retrying a failed run re-runs only the failed step and those after it;
+the earlier ones show as Cached. Prefect does not fail a parent when a child run fails: `call_step`
+raises for it.
+
+After the benchmark the gate decides. Promote → move `production` inside a transaction
+(`flows/gate.py`). Zero acceptance → the gate ran the doctor; a fault this run can fix (F1, F6 on a
+server it launched) gets one relaunch of serve + benchmark; otherwise `production` stays where it
+was and the run fails with the diagnosis in its report.
 """
 
 from __future__ import annotations
 
-import importlib
-import time
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE
+from prefect.deployments import run_deployment
 
+from flows import ui
+from flows.gate import current_flow_run_id, promote_in_transaction
+from flows.step_flows import STEPS, run_step_reporting
 from steps.config import find_config, load_config
 from steps.store import open_store
 
-#: step name → (module, the artifact inputs its run() takes, in order)
-STEPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "target": ("steps.target", ()),
-    "datagen": ("steps.datagen", ("target",)),
-    "extract": ("steps.extract", ("target", "dataset")),
-    "mapping": ("steps.mapping", ("dataset", "target")),
-    "train": ("steps.train", ("target", "hidden", "vocab")),
-    "export": ("steps.export", ("draft", "target")),
-    "verify": ("steps.verify", ("export", "target")),
-}
+__all__ = ["STEPS", "GateRefused", "StepRunFailed", "eagle3_pipeline", "call_step"]
 
 
-def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
-             inputs: dict[str, str]) -> dict[str, Any]:
-    """Load the config, open the store and call `steps.<step>.run(cfg, store, *inputs)`."""
-    module_name, input_names = STEPS[step]
+class StepRunFailed(RuntimeError):
+    """A step's deployment run ended in a state other than Completed."""
+
+
+class GateRefused(RuntimeError):
+    """The gate did not promote; the message is the run report."""
+
+
+@task(name="step", task_run_name="{label}", persist_result=True, cache_policy=INPUTS + TASK_SOURCE + RUN_ID)
+def call_step(label: str, step: str, config: str, overrides: list[str], store: str | None, inputs: dict[str, str],
+              options: dict[str, Any], mode: str, pool: str) -> dict[str, Any]:
+    """Run one step in-process or as the deployment `<step>/<pool>`; its record either way.
+
+    `label` names the call ("serve", "serve-retry"): part of the cache key, so a deliberate second
+    call of a step in the same run is not served from the first one's cache.
+    """
+    if mode == "local":
+        return run_step_reporting(step, config, overrides, store, inputs, options)
+    name = f"{step}/{pool}"
+    child = run_deployment(name, parameters={"config": config, "overrides": overrides, "store": store,
+                                             "inputs": inputs, "options": options})
+    if not child.state or not child.state.is_completed():
+        state = child.state.type.value if child.state else "unknown"
+        raise StepRunFailed(f"{name}: flow run {child.name} ended {state}: "
+                            f"{child.state.message if child.state else ''}")
+    return child.state.result()
+
+
+def dataset_overrides(dataset: str | None) -> list[str]:
+    """An uploaded dataset file replaces the config's prompt sources."""
+    return [] if not dataset else [f'dataset.sources=[{{kind: file, path: "{dataset}"}}]']
+
+
+@flow(name="eagle3-pipeline", log_prints=True, persist_result=True)
+def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | None = None, store: str | None = None,
+                    mode: Literal["local", "deployments"] = "local", pool: str = "local", dataset: str | None = None,
+                    spec_url: str | None = None, baseline_url: str | None = None,
+                    through: Literal["verify", "gate"] = "gate") -> dict[str, dict[str, Any]]:
+    """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record."""
+    overrides = list(overrides or []) + dataset_overrides(dataset)
     cfg = load_config(find_config(config), overrides)
-    store = open_store(store_uri or cfg.store)
-    module = importlib.import_module(module_name)
-    start = time.perf_counter()
-    manifest = module.run(cfg, store, *(inputs[name] for name in input_names))
-    return {"step": step, "kind": manifest.kind, "id": manifest.id,
-            "uri": store.artifact_uri(manifest.kind, manifest.id),
-            "seconds": round(time.perf_counter() - start, 2), "metrics": manifest.metrics}
-
-
-@task(name="step", task_run_name="{step}", retries=0)
-def step_task(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
-              inputs: dict[str, str]) -> dict[str, Any]:
-    record = run_step(step, config, overrides, store_uri, inputs)
-    get_run_logger().info("%s → %s (%.1f s)", step, record["uri"], record["seconds"])
-    return record
-
-
-@flow(name="eagle3-pipeline", log_prints=True)
-def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | None = None,
-                    store: str | None = None) -> dict[str, dict[str, Any]]:
-    """Run the chain in-process; returns each step's record keyed by step name."""
+    store_uri = store or cfg.store
     done: dict[str, dict[str, Any]] = {}
 
-    def step(name: str, **inputs: str) -> str:
-        done[name] = step_task(name, config, overrides, store, inputs)
-        return done[name]["id"]
+    def step(name: str, key: str | None = None, options: dict[str, Any] | None = None, **inputs: str) -> str:
+        record = call_step(key or name, name, config, overrides, store, inputs, options or {}, mode, pool)
+        done[key or name] = record
+        return record["id"]
 
     target = step("target")
-    dataset = step("datagen", target=target)
-    hidden = step("extract", target=target, dataset=dataset)
-    vocab = step("mapping", dataset=dataset, target=target)
+    dataset_id = step("datagen", target=target)
+    hidden = step("extract", target=target, dataset=dataset_id)
+    vocab = step("mapping", dataset=dataset_id, target=target)
     draft = step("train", target=target, hidden=hidden, vocab=vocab)
     export = step("export", draft=draft, target=target)
     step("verify", export=export, target=target)
+    if through == "verify":
+        return done
+
+    decision = serve_benchmark_gate(step, done, export=export, target=target, spec_url=spec_url,
+                                    baseline_url=baseline_url)
+    finish(cfg.name, store_uri, done, decision, dataset)
     return done
+
+
+def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: str, target: str,
+                         spec_url: str | None, baseline_url: str | None) -> dict[str, Any]:
+    """serve → benchmark → gate, with one relaunch when the gate names a fault a relaunch fixes."""
+    urls = {"spec_url": spec_url, "baseline_url": baseline_url}
+    if spec_url is None:          # a server someone else runs is not ours to start
+        step("serve", export=export, target=target)
+    bench = step("benchmark", options=urls, export=export, target=target)
+    step("gate", options={"spec_url": spec_url}, export=export, target=target, benchmark=bench)
+    decision = done["gate"]["meta"]
+    fix = decision.get("fix")
+    if decision["verdict"] == "zero-acceptance" and fix and fix["applicable"]:
+        get_run_logger().warning("zero acceptance, %s: %s; retrying serve + benchmark once", fix["row"], fix["how"])
+        step("serve", key="serve-retry", export=export, target=target)
+        bench = step("benchmark", key="benchmark-retry", options={**urls, "attempt": 2}, export=export, target=target)
+        step("gate", key="gate-retry", options={"spec_url": spec_url}, export=export, target=target, benchmark=bench)
+        decision = {**done["gate-retry"]["meta"], "retried_for": fix}
+    return decision
+
+
+def finish(config_name: str, store_uri: str, done: dict[str, dict[str, Any]], decision: dict[str, Any],
+           dataset: str | None) -> None:
+    """Promote (transaction) or refuse, then publish the table and the report; raise if refused."""
+    store = open_store(store_uri)
+    verdict = decision["verdict"]
+    if verdict == "promote":
+        candidate = decision["candidate"]
+        promote_in_transaction(store_uri, candidate["export"],
+                               {"benchmark": candidate["benchmark"], "tau": candidate["tau"],
+                                "speedup": candidate["speedup"], "flow_run_id": current_flow_run_id(),
+                                "config": config_name})
+    bench = next(r for k, r in reversed(done.items()) if k.startswith("benchmark"))
+    plot = store.fetch_file("benchmark", bench["id"], "benchmark.png").read_bytes()
+    outcome = {"promote": "promoted", "current": "already in production"}.get(verdict, f"refused ({verdict})")
+    report = ui.run_report(config_name, done, dataset=dataset, decision=decision,
+                           production=store.get_alias("production"), plot_png=plot, outcome=outcome)
+    ui.metrics_table(done, config_name)
+    ui.publish_report(config_name, report)
+    if verdict not in ("promote", "current"):
+        rows = ", ".join(sorted({f["id"] for f in decision.get("diagnosis", []) if f["status"] == "fail"}))
+        raise GateRefused(f"gate {verdict}: {'; '.join(decision['reasons'])}"
+                          + (f"; doctor: {rows}" if rows else "") + (f"; fix: {decision['fix']['how']}"
+                                                                     if decision.get("fix") else ""))

@@ -1,4 +1,8 @@
-"""`eaglenest pipeline`: run the eagle3-pipeline flow in-process and print each step's artifact."""
+"""`eaglenest pipeline`: run the eagle3-pipeline flow from this shell and print each step's artifact.
+
+`--mode local` (default) runs every step in this process; `--mode deployments` starts each step as the
+deployment `<step>/<pool>` (needs a Prefect server with workers: `eaglenest stack up`).
+"""
 
 from __future__ import annotations
 
@@ -11,16 +15,23 @@ from flows.pipeline import eagle3_pipeline
 def main(argv: list[str] | None = None) -> int:
     from steps.cli import add_common_args
 
-    parser = argparse.ArgumentParser(prog="eaglenest pipeline", description=__doc__)
+    parser = argparse.ArgumentParser(prog="eaglenest pipeline", description=__doc__.splitlines()[0])
     add_common_args(parser)
+    parser.add_argument("--mode", choices=["local", "deployments"], default="local")
+    parser.add_argument("--pool", default="local", help="step deployments to use in --mode deployments")
+    parser.add_argument("--through", choices=["verify", "gate"], default="gate",
+                        help="stop after offline verify, or serve, benchmark and gate (default)")
+    parser.add_argument("--dataset", default=None, help="URI of an uploaded dataset file (eaglenest dataset upload)")
+    parser.add_argument("--spec-url", default=None, help="benchmark this running speculative server")
     parser.add_argument("--json", action="store_true", help="print the step records as JSON")
     args = parser.parse_args(argv)
-    records = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store)
+    records = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, mode=args.mode,
+                              pool=args.pool, through=args.through, dataset=args.dataset, spec_url=args.spec_url)
     if args.json:
         print(json.dumps(records, indent=2))
     else:
         for name, r in records.items():
-            print(f"{name:8s} {r['seconds']:8.1f} s  {r['uri']}")
+            print(f"{name:16s} {r['seconds']:8.1f} s  {r['uri']}")
     return 0
 
 

@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline": ("flows.pipeline_cli", "run the whole chain as a Prefect flow"),
     "demo": ("flows.demo", "the whole chain on the embedded default, with a summary"),
     "stack": ("flows.stack", "a local Prefect server + worker with every deployment registered (up|down|status)"),
-    "dataset": ("flows.datasets", "upload a dataset to the store and start a pipeline run (upload|list)"),
+    "dataset": ("flows.dataset_trigger", "upload a dataset to the store and start a pipeline run (upload|list)"),
 }
 
 

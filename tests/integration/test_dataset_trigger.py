@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.datasets import dataset_event, post_events
+from flows.dataset_trigger import dataset_event, post_events
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def upload(stack, path: Path, name: str) -> tuple[str, str]:
 
 def run_sensor(stack, store_uri: str) -> list[str]:
     """One dataset-sensor flow run (in a fresh process, reporting to the stack's server); the ids it sent."""
-    code = ("import json, sys; from flows.datasets import dataset_sensor; "
+    code = ("import json, sys; from flows.dataset_trigger import dataset_sensor; "
             "print('SENT=' + json.dumps(dataset_sensor(store=sys.argv[1])))")
     out = run_python(stack, "-c", code, store_uri)
     return json.loads(re.search(r"^SENT=(.*)$", out.stdout, re.M).group(1))

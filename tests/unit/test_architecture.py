@@ -39,9 +39,19 @@ def test_cli_commands_are_pinned():
 def test_every_step_module_has_run_and_main():
     import importlib
 
-    from flows.pipeline import STEPS
+    from flows.step_flows import STEPS
 
-    for module_name, _ in STEPS.values():
+    for module_name, _, _ in STEPS.values():
         module = importlib.import_module(module_name)
         assert callable(getattr(module, "run", None)), f"{module_name} has no run()"
         assert callable(getattr(module, "main", None)), f"{module_name} has no main()"
+
+
+def test_no_flows_module_shadows_a_package():
+    """Prefect loads an entrypoint `flows/x.py` as a script, putting flows/ first on sys.path: a module
+    named like a package (`steps`, `datasets`) would then replace that package for the whole flow run."""
+    import importlib.util
+
+    clashes = [p.stem for p in (ROOT / "flows").glob("*.py")
+               if p.stem != "__init__" and importlib.util.find_spec(p.stem) is not None]
+    assert clashes == [], f"flows/ modules shadowing importable packages: {clashes}"

@@ -1,4 +1,4 @@
-"""flows/datasets.py without a Prefect server: the dataset event (shape, deterministic id, accepted
+"""flows/dataset_trigger.py without a Prefect server: the dataset event (shape, deterministic id, accepted
 by the server's own event schema), validation before upload, upload/list over a file store, and the
 store additions it rests on (`stat`, `put_object`, `fetch_object`) over file:// and a real S3
 protocol server (moto on 127.0.0.1). The trigger itself runs in tests/integration/test_dataset_trigger.py.
@@ -17,8 +17,8 @@ import pytest
 from prefect.server.events.schemas.events import Event
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows import datasets
-from flows.datasets import EVENT, check_dataset, dataset_event, list_datasets, upload_dataset
+from flows import dataset_trigger as datasets
+from flows.dataset_trigger import EVENT, check_dataset, dataset_event, list_datasets, upload_dataset
 from steps.config import PromptSource
 from steps.prompts import load_source
 from steps.store import open_store

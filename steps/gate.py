@@ -1,0 +1,180 @@
+"""Gate: may this benchmarked drafter replace the one in production?
+
+Reads the `benchmark` artifact of a candidate export and, when there is one, the benchmark of the
+current champion (the export the `production` alias points at). Writes a `gate` artifact whose
+`decision.json` says one of:
+
+- `promote`: τ ≥ gate.min_tau, speedup ≥ gate.min_speedup, and no benchmark set (temperature ×
+  batch size) lost more than gate.max_regression of the champion's τ or speedup;
+- `reject`: a floor or the regression rule failed (the reasons name each number);
+- `zero-acceptance`: τ ≤ gate.zero_acceptance_tau — every draft rejected. That is almost always a
+  serving fault, not a training one (DESIGN.md F1–F9), so the doctor runs on the exported directory
+  and on the server that was measured, and the decision names the rows it found and whether the
+  pipeline can fix it by itself (`fix.applicable`): it can relaunch a server it started (the
+  launch command is derived, so a relaunch undoes F1 and the launcher turns F6 into a restart
+  without CUDA graphs); it cannot restart a server someone else runs (`spec_url`).
+- `current`: the candidate already is production (nothing to do).
+
+Moving the alias is not done here: the orchestrator does it inside a transaction that can roll back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+from steps.config import GateConfig, PipelineConfig, config_dict
+from steps.store import Manifest, Store, artifact_id
+
+STEP = "gate"
+#: rows whose cause is the serving command, which a relaunch from the derived command fixes.
+RELAUNCH_FIXES = {"F1": "relaunch with the derived command (--speculative-algorithm EAGLE3)",
+                  "F6": "relaunch; the launcher retries without CUDA graphs when capture hangs"}
+
+
+# --- inputs -----------------------------------------------------------------------------------------------
+
+def benchmark_report(store: Store, benchmark_id: str) -> dict[str, Any]:
+    return json.loads(store.fetch_file("benchmark", benchmark_id, "benchmark.json").read_text())
+
+
+def benchmark_sets(report: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """τ and speedup per benchmark set ("T=0.0 bs=1"), from a benchmark.json."""
+    sets: dict[str, dict[str, float]] = {}
+    for temp, pair in report["results"].items():
+        base, spec = pair["baseline"], pair["speculative"]
+        if "error" in base or "error" in spec:
+            continue
+        tau = (spec.get("acceptance") or {}).get("tau", 0.0)
+        for bs, row in spec["batches"].items():
+            b = base["batches"][bs]["tokens_per_s"]
+            sets[f"T={temp} bs={bs}"] = {"tau": tau, "speedup": row["tokens_per_s"] / b if b else 0.0}
+    return sets
+
+
+# --- the decision -----------------------------------------------------------------------------------------
+
+def regressions(candidate: dict[str, dict[str, float]], champion: dict[str, dict[str, float]],
+                max_regression: float) -> list[str]:
+    """Every set and metric where the candidate is worse than (1 - max_regression) × the champion."""
+    out = []
+    for name, champ in champion.items():
+        cand = candidate.get(name)
+        if cand is None:
+            out.append(f"{name}: measured for the champion, missing for the candidate")
+            continue
+        for metric in ("tau", "speedup"):
+            if cand[metric] < champ[metric] * (1 - max_regression):
+                out.append(f"{name}: {metric} {cand[metric]:.3f} < champion {champ[metric]:.3f} "
+                           f"- {max_regression:.0%}")
+    return out
+
+
+def decide(gate: GateConfig, metrics: dict[str, Any], candidate_sets: dict[str, dict[str, float]],
+           champion_sets: dict[str, dict[str, float]] | None) -> tuple[str, list[str]]:
+    """(verdict, reasons) from the candidate's headline metrics and sets; the champion's sets if any."""
+    tau, speedup = float(metrics.get("tau") or 0.0), float(metrics.get("speedup") or 0.0)
+    if "error" in metrics:
+        return "reject", [f"benchmark error: {metrics['error']}"]
+    if tau <= gate.zero_acceptance_tau:
+        return "zero-acceptance", [f"live τ {tau:.3f} ≤ {gate.zero_acceptance_tau}: every draft token rejected"]
+    reasons = []
+    if tau < gate.min_tau:
+        reasons.append(f"live τ {tau:.3f} < gate.min_tau {gate.min_tau}")
+    if speedup < gate.min_speedup:
+        reasons.append(f"speedup {speedup:.3f} < gate.min_speedup {gate.min_speedup}")
+    if champion_sets is not None:
+        reasons += regressions(candidate_sets, champion_sets, gate.max_regression)
+    if reasons:
+        return "reject", reasons
+    return "promote", [f"live τ {tau:.3f} ≥ {gate.min_tau}, speedup {speedup:.3f} ≥ {gate.min_speedup}"
+                       + ("" if champion_sets is None else f", no set regressed > {gate.max_regression:.0%}")]
+
+
+def diagnose(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, report: dict[str, Any],
+             spec_url: str | None) -> list[dict[str, Any]]:
+    """The doctor on the export and on the server that was measured (live if it still runs)."""
+    from steps import doctor
+    from steps.export import export_dir
+    from steps.target import target_dir
+
+    sglang_dir, tdir = export_dir(store, export_id, "sglang"), target_dir(store, target_id)
+    attempts = [a for sid in report.get("serve_artifacts", {}).values()
+                for a in store.manifest("serve", sid).meta.get("attempts", [])]
+    findings = doctor.run(sglang_dir, target=tdir, server=spec_url, context_length=cfg.target.context_length,
+                          serve_record=attempts or None)
+    if spec_url is None:   # our own server is stopped by now: judge it by what it reported while it ran
+        ck = doctor.read_checkpoint(sglang_dir)
+        facts = report["servers"]["speculative"]
+        findings += [doctor.check_algorithm(ck, facts, report["metrics"].get("tau")),
+                     doctor.check_cuda_graph(facts, attempts or None)]
+    return [asdict(f) for f in findings]
+
+
+def fix_for(findings: list[dict[str, Any]], spec_url: str | None) -> dict[str, Any] | None:
+    """The first failing row with a known fix, and whether this pipeline can apply it."""
+    for f in findings:
+        if f["status"] == "fail" and f["id"] in RELAUNCH_FIXES:
+            if spec_url is None:
+                return {"row": f["id"], "applicable": True, "action": "relaunch", "how": RELAUNCH_FIXES[f["id"]]}
+            return {"row": f["id"], "applicable": False, "action": None,
+                    "how": f"the server at {spec_url} is not managed by this run: {f['fix'] or RELAUNCH_FIXES[f['id']]}"
+                           " (print the right command with `eaglenest serve --print-command`)"}
+    return None
+
+
+# --- step -------------------------------------------------------------------------------------------------
+
+def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, benchmark_id: str, *,
+        spec_url: str | None = None) -> Manifest:
+    """Decide promote / reject / zero-acceptance for one benchmarked export; writes the gate artifact."""
+    report = benchmark_report(store, benchmark_id)
+    champion = store.get_alias("production")
+    champion_bench = (champion or {}).get("meta", {}).get("benchmark")
+    inputs = {"export": export_id, "target": target_id, "benchmark": benchmark_id}
+    section = {"gate": config_dict(cfg.gate), "champion": champion and [champion["id"], champion_bench],
+               "spec_url": spec_url}
+    gid = artifact_id("gate", section, inputs)
+    if store.exists("gate", gid):
+        return store.manifest("gate", gid)
+
+    candidate_sets = benchmark_sets(report)
+    if champion and champion["id"] == export_id:
+        verdict, reasons, champion_sets = "current", [f"export {export_id} already is production"], None
+    else:
+        champion_sets = benchmark_sets(benchmark_report(store, champion_bench)) if champion_bench else None
+        verdict, reasons = decide(cfg.gate, report["metrics"], candidate_sets, champion_sets)
+    findings = diagnose(cfg, store, export_id, target_id, report, spec_url) if verdict == "zero-acceptance" else []
+    decision = {"verdict": verdict, "reasons": reasons, "fix": fix_for(findings, spec_url) if findings else None,
+                "diagnosis": findings, "candidate": {"export": export_id, "benchmark": benchmark_id,
+                                                     "tau": report["metrics"].get("tau"),
+                                                     "speedup": report["metrics"].get("speedup"),
+                                                     "sets": candidate_sets},
+                "champion": champion and {"export": champion["id"], "benchmark": champion_bench,
+                                          "sets": champion_sets}}
+    writer = store.begin("gate", gid, step=STEP, inputs=inputs, config=section)
+    writer.path("decision.json").write_text(json.dumps(decision, indent=2))
+    return writer.commit(metrics={"verdict": verdict, "tau": decision["candidate"]["tau"],
+                                  "speedup": decision["candidate"]["speedup"]}, meta=decision)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from steps.cli import add_common_args, config_and_store
+
+    ap = argparse.ArgumentParser(prog="python -m steps.gate", description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    ap.add_argument("--export", required=True, help="export artifact id")
+    ap.add_argument("--target", required=True, help="target artifact id")
+    ap.add_argument("--benchmark", required=True, help="benchmark artifact id of that export")
+    ap.add_argument("--spec-url", default=None, help="the externally run server that was benchmarked, if any")
+    args = ap.parse_args(argv)
+    cfg, store = config_and_store(args)
+    m = run(cfg, store, args.export, args.target, args.benchmark, spec_url=args.spec_url)
+    print(json.dumps({"id": m.id, **m.meta}, indent=2))
+    return 0 if m.metrics["verdict"] in ("promote", "current") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,204 @@
+"""The pipeline as users run it: `prefect deployment run 'eagle3-pipeline/tiny' --watch` against a real
+`prefect server start` and a process worker (the `prefect_stack` fixture), every step its own deployment run.
+
+In file order (they share the stack and its store, so later tests reuse earlier artifacts):
+1. a run exits 0 and `production` points at the drafter it built; its report and metrics table exist;
+2. zero acceptance forced by a server started with the EAGLE flag: the run fails, `production` stays,
+   and the report names F1;
+3. a run that failed at the benchmark, retried, re-runs only the benchmark and what follows
+   (earlier steps show as Cached);
+4. a CUDA-graph hang at server start (F6) is retried without graphs and recorded in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from steps import serve
+from steps.config import find_config, load_config
+from steps.launch import launch
+from steps.store import open_store
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOYMENT = "eagle3-pipeline/tiny"
+#: one pipeline run on this 2-core machine: ~10 child runs × (worker pick-up + a Python start) + compute.
+RUN_TIMEOUT_S = 1500
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+def prefect(stack, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "prefect"), *args], env=stack.env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_pipeline(stack, *params: str, job_env: dict[str, str] | None = None) -> tuple[int, UUID, str]:
+    """`prefect deployment run 'eagle3-pipeline/tiny' --watch`; (exit code, flow run id, output)."""
+    args = ["deployment", "run", DEPLOYMENT, "--watch", "-p", f"store={stack.store_uri}"]
+    for p in params:
+        args += ["-p", p]
+    if job_env:
+        args += ["--job-variable", f"env={json.dumps(job_env)}"]
+    out = prefect(stack, *args)
+    text = out.stdout + out.stderr
+    match = re.search(r"UUID:\s*([0-9a-f-]{36})", text)
+    assert match, text[-3000:]
+    return out.returncode, UUID(match.group(1)), text
+
+
+def client(stack):
+    from prefect.client.orchestration import SyncPrefectClient
+    return SyncPrefectClient(stack.api_url)
+
+
+def task_states(stack, flow_run_id: UUID) -> dict[str, list[str]]:
+    """task run name → its state names, oldest first (a retried run adds a second entry per task)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with client(stack) as c:
+        runs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    out: dict[str, list[str]] = {}
+    for tr in sorted(runs, key=lambda r: r.created):
+        out.setdefault(tr.name, []).append(tr.state.name if tr.state else "?")
+    return out
+
+
+def child_runs(stack, flow_run_id: UUID) -> dict[str, list[str]]:
+    """step flow name → state names of the child runs this pipeline run started."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with client(stack) as c:
+        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+        flows = {r.flow_id: c.read_flow(r.flow_id).name for r in runs}
+    out: dict[str, list[str]] = {}
+    for r in sorted(runs, key=lambda r: r.created):
+        out.setdefault(flows[r.flow_id], []).append(r.state.name if r.state else "?")
+    return out
+
+
+def wait_final(stack, flow_run_id: UUID, timeout_s: float = RUN_TIMEOUT_S) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with client(stack) as c:
+            state = c.read_flow_run(flow_run_id).state
+        if state and state.is_final():
+            return state.type.value
+        time.sleep(3)
+    raise TimeoutError(f"flow run {flow_run_id} not final after {timeout_s} s")
+
+
+def report_markdown(stack) -> str:
+    with client(stack) as c:
+        art = c.read_latest_artifacts()  # one per key, newest version
+    found = [a for a in art if a.key == "eagle3-report-tiny"]
+    assert found, [a.key for a in art]
+    return str(found[0].data)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_reference_server(stack, port: int, algorithm: str):
+    """The production export served by the reference engine with a hand-typed algorithm flag."""
+    from steps.export import export_dir
+    from steps.target import target_dir
+
+    store = open_store(stack.store_uri)
+    cfg = load_config(find_config("tiny"))
+    export_id = store.get_alias("production")["id"]
+    target_id = store.manifest("export", export_id).inputs["target"]
+    cmd = serve.build_sglang_command(cfg, target_path=target_dir(store, target_id),
+                                     draft_dir=export_dir(store, export_id, "sglang"), port=port,
+                                     disable_cuda_graph=False, launcher=serve.LAUNCHERS["reference"])
+    cmd[cmd.index("--speculative-algorithm") + 1] = algorithm
+    return launch(cmd, log_path=Path(stack.dir) / f"ref-{port}.log", health_url=f"http://127.0.0.1:{port}/health",
+                  timeout_s=300, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+
+
+# --- the tests --------------------------------------------------------------------------------------------
+
+def test_deployment_run_promotes_the_new_drafter(prefect_stack):
+    code, run_id, out = run_pipeline(prefect_stack)
+    assert code == 0, out[-4000:]
+    store = open_store(prefect_stack.store_uri)
+    exports = store.list("export")
+    assert len(exports) == 1
+    production = store.get_alias("production")
+    assert production["id"] == exports[0] and production["meta"]["flow_run_id"] == str(run_id)
+    assert production["meta"]["tau"] > 1.1
+    children = child_runs(prefect_stack, run_id)
+    assert set(children) >= {"target", "datagen", "extract", "mapping", "train", "export", "verify", "serve",
+                             "benchmark", "gate"}, children
+    assert all(states == ["Completed"] for states in children.values()), children
+    report = report_markdown(prefect_stack)
+    assert "**promote**" in report and exports[0] in report and "data:image/png;base64," in report
+
+
+def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
+    store = open_store(prefect_stack.store_uri)
+    before = store.get_alias("production")
+    port = free_port()
+    server = start_reference_server(prefect_stack, port, "EAGLE")
+    try:
+        code, run_id, out = run_pipeline(prefect_stack, f"spec_url=http://127.0.0.1:{port}")
+    finally:
+        server.stop()
+    assert code != 0, out[-3000:]
+    assert store.get_alias("production") == before
+    report = report_markdown(prefect_stack)
+    assert "**zero-acceptance**" in report
+    assert re.search(r"\| F1 \| FAIL \| server runs --speculative-algorithm EAGLE", report), report[:3000]
+    assert "not applicable here" in report      # a server this run did not start is not restarted by it
+    assert wait_final(prefect_stack, run_id) == "FAILED"
+    assert child_runs(prefect_stack, run_id)["gate"] == ["Completed"]   # the gate decided; the pipeline refused
+
+
+def test_retry_after_a_benchmark_failure_reruns_only_what_failed(prefect_stack):
+    port = free_port()                      # nothing listens yet: the benchmark fails
+    code, run_id, out = run_pipeline(prefect_stack, f"spec_url=http://127.0.0.1:{port}")
+    assert code != 0, out[-3000:]
+    assert child_runs(prefect_stack, run_id)["benchmark"] == ["Failed"]
+
+    server = start_reference_server(prefect_stack, port, "EAGLE3")
+    try:
+        retry = prefect(prefect_stack, "flow-run", "retry", str(run_id), timeout=120)
+        assert retry.returncode == 0, retry.stdout + retry.stderr
+        assert wait_final(prefect_stack, run_id) == "COMPLETED"
+    finally:
+        server.stop()
+    tasks = task_states(prefect_stack, run_id)
+    for step in ("target", "datagen", "extract", "mapping", "train", "export", "verify"):
+        assert tasks[step][-1] == "Cached", (step, tasks)
+    children = child_runs(prefect_stack, run_id)
+    assert children["benchmark"] == ["Failed", "Completed"], children
+    assert children["gate"] == ["Completed"] and children["datagen"] == ["Completed"], children
+
+
+def test_cuda_graph_hang_is_retried_and_recorded(prefect_stack):
+    code, run_id, out = run_pipeline(prefect_stack, "mode=local", 'overrides=["serve.startup_timeout_s=45"]',
+                                     job_env={"EAGLENEST_REFERENCE_HANG_WITH_CUDA_GRAPH": "1"})
+    assert code == 0, out[-4000:]
+    store = open_store(prefect_stack.store_uri)
+    serves = [store.manifest("serve", s) for s in store.list("serve")]
+    hung = [m for m in serves if len(m.meta["attempts"]) == 2]
+    assert hung, [m.meta["attempts"] for m in serves]
+    first, second = hung[-1].meta["attempts"]
+    assert first["cuda_graph"] is True and "not healthy" in first["outcome"]
+    assert second["cuda_graph"] is False and second["outcome"] == "healthy"
+    report = report_markdown(prefect_stack)
+    assert "## Server starts" in report and "| False | healthy |" in report
