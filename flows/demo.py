@@ -14,7 +14,7 @@ from typing import Any
 
 from flows.pipeline import eagle3_pipeline
 from steps.config import find_config, load_config
-from steps.store import open_store
+from steps.store import open_store, store_uri_for
 
 #: the control: the same pipeline, but the draft is exported straight from initialisation.
 UNTRAINED = ["train.max_steps=0"]
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     records = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, through="verify")
     control = eagle3_pipeline(config=args.config, overrides=args.overrides + UNTRAINED, store=args.store,
                               through="verify")
-    store_uri = args.store or load_config(find_config(args.config), args.overrides).store
+    store_uri = store_uri_for(args.store, load_config(find_config(args.config), args.overrides).store)
     summary = summarize(args.config, records, control, store_uri)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

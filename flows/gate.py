@@ -23,7 +23,7 @@ from prefect.context import get_run_context
 from prefect.transactions import Transaction, get_transaction, transaction
 
 from steps.config import find_config, load_config
-from steps.store import ArtifactError, open_store
+from steps.store import ArtifactError, open_store, store_uri_for
 
 
 @task(name="promote", persist_result=True, cache_policy=NO_CACHE)
@@ -86,8 +86,8 @@ def rollback_flow(flow_run_id: str, reason: str = "") -> dict[str, Any]:
             runs.append(client.read_flow_run(parent.flow_run_id))
     pipeline = next((r for r in runs if "config" in r.parameters), failed)
     params = pipeline.parameters
-    store_uri = params.get("store") or load_config(find_config(params.get("config", "tiny")),
-                                                   params.get("overrides")).store
+    store_uri = store_uri_for(params.get("store"), load_config(find_config(params.get("config", "tiny")),
+                                                               params.get("overrides")).store)
     store = open_store(store_uri)
     production, previous = store.get_alias("production"), store.get_alias("previous")
     moved_by = (production or {}).get("meta", {}).get("flow_run_id")

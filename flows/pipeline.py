@@ -27,7 +27,7 @@ from flows import ui
 from flows.gate import current_flow_run_id, promote_in_transaction
 from flows.step_flows import STEPS, run_step_reporting
 from steps.config import find_config, load_config
-from steps.store import open_store
+from steps.store import open_store, store_uri_for
 
 __all__ = ["STEPS", "GateRefused", "StepRunFailed", "eagle3_pipeline", "call_step"]
 
@@ -73,11 +73,11 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
     """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record."""
     overrides = list(overrides or []) + dataset_overrides(dataset)
     cfg = load_config(find_config(config), overrides)
-    store_uri = store or cfg.store
+    store_uri = store_uri_for(store, cfg.store)
     done: dict[str, dict[str, Any]] = {}
 
     def step(name: str, key: str | None = None, options: dict[str, Any] | None = None, **inputs: str) -> str:
-        record = call_step(key or name, name, config, overrides, store, inputs, options or {}, mode, pool)
+        record = call_step(key or name, name, config, overrides, store_uri, inputs, options or {}, mode, pool)
         done[key or name] = record
         return record["id"]
 

@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger
 from flows.ui import ProgressArtifacts
 from steps import progress
 from steps.config import find_config, load_config
-from steps.store import open_store
+from steps.store import open_store, store_uri_for
 
 #: step → (module, the artifact ids its run() takes, in order; options it accepts as keyword arguments)
 STEPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -52,7 +52,7 @@ def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str
     if unknown:
         raise ValueError(f"step {step!r} takes options {list(option_names)}; got unknown {unknown}")
     cfg = load_config(find_config(config), overrides)
-    store = open_store(store_uri or cfg.store)
+    store = open_store(store_uri_for(store_uri, cfg.store))
     module = importlib.import_module(module_name)
     start = time.perf_counter()
     manifest = module.run(cfg, store, *(inputs[n] for n in input_names),

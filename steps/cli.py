@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from steps.config import ConfigError, PipelineConfig, find_config, load_config
-from steps.store import Store, open_store
+from steps.store import Store, open_store, store_uri_for
 
 #: command → (module with a `main(argv) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,7 +47,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
 
 def config_and_store(args: argparse.Namespace) -> tuple[PipelineConfig, Store]:
     cfg = load_config(find_config(args.config), args.overrides)
-    return cfg, open_store(args.store or cfg.store)
+    return cfg, open_store(store_uri_for(args.store, cfg.store))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -35,7 +34,7 @@ import torch
 from steps import progress
 from steps.config import DatagenConfig, PipelineConfig, find_config, load_config
 from steps.prompts import load_prompts
-from steps.store import Manifest, Store, artifact_id, canonical_json, open_store
+from steps.store import Manifest, Store, artifact_id, canonical_json, open_store, store_uri_for
 
 #: prompts per committed chunk: the unit of resume (a crash loses at most one chunk of work).
 CHUNK_PROMPTS = 64
@@ -323,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default=None, help="target artifact id (default: run the target step)")
     args = ap.parse_args(argv)
     cfg = load_config(find_config(args.config), args.overrides)
-    store = open_store(args.store or os.environ.get("EAGLENEST_STORE") or cfg.store)
+    store = open_store(store_uri_for(args.store, cfg.store))
     if args.target is None:
         from steps import target
 

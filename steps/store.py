@@ -582,6 +582,12 @@ class Store:
             self.backend.put_bytes(f"aliases/{name}.json", json.dumps(record, indent=2).encode())
 
 
+def store_uri_for(explicit: str | None, configured: str) -> str:
+    """The store a run uses: an explicit URI, else $EAGLENEST_STORE (set by workers and containers), else
+    the config's `store`. One rule for every CLI, flow and worker."""
+    return explicit or os.environ.get("EAGLENEST_STORE") or configured
+
+
 def open_store(uri: str | None = None, *, cache_dir: str | Path | None = None,
                endpoint_url: str | None = None) -> Store:
     """`file://path` (relative or absolute) or `s3://bucket/prefix`; env EAGLENEST_STORE as default."""

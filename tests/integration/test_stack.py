@@ -1,0 +1,162 @@
+"""`eaglenest stack up` against a real `prefect server start` and process worker (the `prefect_stack` fixture).
+
+1. up registers every local deployment, both triggers as automations, and an online worker;
+2. a deployment run is picked up by the worker, completes, writes its artifact to the stack's store and
+   its result to the stack's result storage;
+3. up again changes nothing (same processes, one automation per trigger);
+4. `eaglenest stack status --json` reads the same state from the stack's directory;
+5. `eaglenest stack register --all` registers the docker and kubernetes deployments against their pool
+   templates (the server validates their job variables); they render, with the real worker classes, into GPU requests;
+6. for an s3:// store the result storage is a prefect-aws S3Bucket that writes into the store's bucket
+   through its endpoint (a moto server on 127.0.0.1), with no keys saved in the block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.stack import save_result_storage
+from steps.store import open_store
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = ("target", "datagen", "extract", "mapping", "train", "export", "verify", "serve", "benchmark", "gate")
+LOCAL = {f"{s}/local" for s in STEPS} | {"eagle3-pipeline/tiny", "eagle3-pipeline/smollm2",
+                                         "eaglenest-rollback/local", "dataset-sensor/local"}
+#: a target step on a 2-core machine: a Python start, the tiny tokenizer, a few pre-training steps.
+RUN_TIMEOUT_S = 900
+
+
+def prefect(stack, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prefect", *args], env=stack.env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def automations(stack) -> dict[str, int]:
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(stack.api_url) as client:
+        names = [a.name for a in client.read_automations()]
+    return {name: names.count(name) for name in names}
+
+
+def test_up_registers_the_local_deployments_triggers_and_an_online_worker(prefect_stack):
+    report = prefect_stack.status()
+    assert report["healthy"]
+    assert LOCAL <= set(report["deployments"]), sorted(LOCAL - set(report["deployments"]))
+    assert [w["status"] for w in report["workers"]] == ["ONLINE"]
+    assert automations(prefect_stack) == {"eaglenest-dataset-uploaded": 1, "eaglenest-rollback-on-failure": 1}
+
+
+def test_a_deployment_run_is_picked_up_by_the_worker_and_persists_its_result(prefect_stack):
+    results = prefect_stack.results_dir
+    before = set(results.iterdir())
+    out = prefect(prefect_stack, "deployment", "run", "target/local", "--watch",
+                  "-p", "config=configs/tiny.yaml", "-p", f"store={prefect_stack.store_uri}",
+                  "-p", 'overrides=["target.tiny.pretrain_steps=5"]')
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "Completed" in out.stdout
+    assert open_store(prefect_stack.store_uri).list("target"), "the run wrote no target artifact to the stack's store"
+    record = [p for p in set(results.iterdir()) - before]
+    assert record, f"no persisted result under {results}: the worker's result storage is not in effect"
+
+
+def test_up_again_keeps_the_running_processes_and_one_automation_per_trigger(prefect_stack):
+    pids = (prefect_stack.status()["server_pid"], prefect_stack.status()["worker_pid"])
+    prefect_stack.up()
+    report = prefect_stack.status()
+    assert (report["server_pid"], report["worker_pid"]) == pids
+    assert LOCAL <= set(report["deployments"])
+    assert automations(prefect_stack) == {"eaglenest-dataset-uploaded": 1, "eaglenest-rollback-on-failure": 1}
+
+
+def test_status_cli_reads_the_stack_directory(prefect_stack):
+    out = subprocess.run([sys.executable, "-m", "flows.stack", "status", "--dir", str(prefect_stack.dir), "--json"],
+                         env=prefect_stack.env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["api_url"] == prefect_stack.api_url and report["store"] == prefect_stack.store_uri
+    assert report["result_storage"] == "local-file-system/eaglenest-results"
+
+
+async def _render(stack, worker_config, deployment: str):
+    """The job configuration a worker would build for `deployment`, from the server's pool and deployment."""
+    from prefect.client.orchestration import PrefectClient
+
+    async with PrefectClient(stack.api_url) as client:
+        dep = await client.read_deployment_by_name(deployment)
+        pool = await client.read_work_pool(dep.work_pool_name)
+        return await worker_config.from_template_and_values(pool.base_job_template, dep.job_variables or {},
+                                                            client=client)
+
+
+def test_container_deployments_register_against_their_pools_and_render_gpu_requests(prefect_stack):
+    from docker.types import HostConfig
+    from prefect_docker.worker import DockerWorkerJobConfiguration
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    out = subprocess.run([sys.executable, "-m", "flows.stack", "register", "--all", "--dir", str(prefect_stack.dir),
+                          "--store", prefect_stack.store_uri], env=prefect_stack.env, cwd=REPO,
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert automations(prefect_stack) == {"eaglenest-dataset-uploaded": 1, "eaglenest-rollback-on-failure": 1}
+
+    train = asyncio.run(_render(prefect_stack, DockerWorkerJobConfiguration, "train/docker"))
+    assert train.image == "localhost/eaglenest-gpu:0.1.0"
+    assert "/scratch/eaglenest:/scratch" in train.volumes
+    host = HostConfig(version="1.44", device_requests=train.container_create_kwargs["device_requests"],
+                      shm_size=train.container_create_kwargs["shm_size"])
+    assert host["DeviceRequests"][0]["Capabilities"] == [["gpu"]] and host["DeviceRequests"][0]["Count"] == -1
+    assert host["ShmSize"] == 16 * 1024**3
+
+    export = asyncio.run(_render(prefect_stack, DockerWorkerJobConfiguration, "export/docker"))
+    assert export.image == "localhost/eaglenest-cpu:0.1.0" and not export.container_create_kwargs
+
+    serve = asyncio.run(_render(prefect_stack, KubernetesWorkerJobConfiguration, "serve/k8s"))
+    pod = serve.job_manifest["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["containers"][0]["image"] == "localhost/eaglenest-serve:0.1.0"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert {"name": "scratch", "mountPath": "/scratch"} in pod["containers"][0]["volumeMounts"]
+    assert serve.env["PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK"] == "s3-bucket/eaglenest-results"
+
+
+def test_an_s3_store_gets_an_s3_result_block_writing_into_its_bucket(prefect_stack, monkeypatch, tmp_path):
+    import boto3
+    from moto.server import ThreadedMotoServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_aws import S3Bucket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "NO_PROXY": "127.0.0.1",
+                        "EAGLENEST_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+        s3.create_bucket(Bucket="eaglenest-results-test")
+        with temporary_settings(updates={PREFECT_API_URL: prefect_stack.api_url}):
+            slug = save_result_storage("s3://eaglenest-results-test/runs", tmp_path, name="s3-results-test")
+            block = S3Bucket.load("s3-results-test")
+            block.write_path("probe", b"persisted")
+        assert slug == "s3-bucket/s3-results-test"
+        assert block.credentials.aws_access_key_id is None and block.credentials.aws_secret_access_key is None
+        body = s3.get_object(Bucket="eaglenest-results-test", Key="runs/prefect-results/probe")["Body"].read()
+        assert body == b"persisted"
+    finally:
+        server.stop()

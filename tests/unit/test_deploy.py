@@ -1,0 +1,156 @@
+"""deploy/prefect.yaml and deploy/pools/*.json against the Orchestration contract (docs/ARCHITECTURE.md).
+
+No server here: the file is read as `prefect deploy` reads it (YAML anchors resolved), entrypoints are
+imported, triggers are parsed by Prefect's own trigger models. tests/integration/test_stack.py registers
+the same file against a real server and renders the GPU job templates.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PREFECT_FILE = REPO / "deploy" / "prefect.yaml"
+POOLS_DIR = REPO / "deploy" / "pools"
+STEPS = ("target", "datagen", "extract", "mapping", "train", "export", "verify", "serve", "benchmark", "gate")
+CLASS_OF = {"target": "cpu", "mapping": "cpu", "export": "cpu", "datagen": "gpu", "extract": "gpu", "train": "gpu",
+            "verify": "gpu", "serve": "serve", "benchmark": "serve", "gate": "serve"}
+
+
+@pytest.fixture(scope="module")
+def deployments() -> dict[str, dict[str, Any]]:
+    """`flow/deployment` → its config, the flow name taken from the imported entrypoint."""
+    doc = yaml.safe_load(PREFECT_FILE.read_text())
+    out: dict[str, dict[str, Any]] = {}
+    for dep in doc["deployments"]:
+        module_path, fn = dep["entrypoint"].split(":")
+        module = importlib.import_module(module_path.removesuffix(".py").replace("/", "."))
+        flow_name = getattr(module, fn).name
+        key = f"{flow_name}/{dep['name']}"
+        assert key not in out, f"{PREFECT_FILE}: {key} is defined twice"
+        out[key] = dep
+    return out
+
+
+def template(pool: str) -> dict[str, Any]:
+    return json.loads((POOLS_DIR / f"{pool}.json").read_text())
+
+
+def test_every_step_has_a_local_docker_and_k8s_deployment_on_the_pool_of_its_class(deployments):
+    from flows.step_flows import HARDWARE
+
+    assert HARDWARE == CLASS_OF, "flows/step_flows.py HARDWARE changed: update deploy/prefect.yaml and this test"
+    for step in STEPS:
+        cls = CLASS_OF[step]
+        pools = {kind: deployments[f"{step}/{kind}"]["work_pool"]["name"] for kind in ("local", "docker", "k8s")}
+        assert pools == {"local": "local", "docker": f"{cls}-docker", "k8s": f"{cls}-k8s"}, step
+        assert deployments[f"{step}/local"]["entrypoint"] == f"flows/step_flows.py:{step}_flow"
+
+
+def test_the_contract_deployments_exist_with_their_parameters(deployments):
+    tiny = deployments["eagle3-pipeline/tiny"]
+    assert tiny["parameters"] == {"config": "configs/tiny.yaml", "mode": "deployments", "pool": "local"}
+    assert deployments["eagle3-pipeline/smollm2"]["parameters"]["config"] == "configs/smollm2-135m.yaml"
+    assert deployments["eagle3-pipeline/docker"]["parameters"]["pool"] == "docker"
+    assert deployments["eagle3-pipeline/docker"]["work_pool"]["name"] == "cpu-docker"
+    assert deployments["eagle3-pipeline/k8s"]["parameters"]["pool"] == "k8s"
+    assert deployments["eagle3-pipeline/k8s"]["work_pool"]["name"] == "cpu-k8s"
+    assert deployments["eaglenest-rollback/local"]["entrypoint"] == "flows/gate.py:rollback_flow"
+    assert deployments["dataset-sensor/local"]["entrypoint"] == "flows/dataset_trigger.py:dataset_sensor"
+
+
+def test_every_pool_has_a_template_the_stack_creates(deployments):
+    from flows.stack import POOLS
+
+    used = {d["work_pool"]["name"] for d in deployments.values()}
+    assert used == set(POOLS), f"pools used by {PREFECT_FILE} vs flows.stack.POOLS"
+    assert {p.stem for p in POOLS_DIR.glob("*.json")} == set(POOLS)
+    for pool, (pool_type, _) in POOLS.items():
+        variables = template(pool)["variables"]["properties"]
+        marker = {"process": "working_dir", "docker": "container_create_kwargs", "kubernetes": "namespace"}[pool_type]
+        assert marker in variables, f"deploy/pools/{pool}.json is not a {pool_type} template"
+
+
+def test_container_deployments_run_in_the_image_of_their_class(deployments):
+    images = dict(line.split("=", 1) for line in (REPO / "containers" / "images.env").read_text().splitlines()
+                  if line and not line.startswith("#"))
+    for key, dep in deployments.items():
+        pool = dep["work_pool"]["name"]
+        if pool == "local":
+            continue
+        cls = pool.split("-")[0]
+        expected = images[f"EAGLENEST_{cls.upper()}_IMAGE"]
+        assert dep["work_pool"]["job_variables"]["image"] == expected, key
+        assert template(pool)["variables"]["properties"]["image"]["default"] == expected, pool
+        assert dep["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "/opt/eaglenest"}}]
+
+
+def test_gpu_docker_deployments_request_gpus_shared_memory_and_scratch(deployments):
+    for key, dep in deployments.items():
+        pool = dep["work_pool"]["name"]
+        if pool not in ("gpu-docker", "serve-docker"):
+            continue
+        jv = dep["work_pool"]["job_variables"]
+        # a deployment's container_create_kwargs replaces the pool's: it must carry the GPU request itself
+        kwargs = jv["container_create_kwargs"]
+        assert kwargs["device_requests"] == [{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}], key
+        assert kwargs["shm_size"], key
+        assert "/scratch/eaglenest:/scratch" in jv["volumes"], key
+        assert template(pool)["variables"]["properties"]["container_create_kwargs"]["default"] == kwargs, pool
+
+
+def test_gpu_k8s_templates_limit_nvidia_gpus_with_node_selector_tolerations_and_scratch():
+    for pool in ("gpu-k8s", "serve-k8s"):
+        tmpl = template(pool)
+        spec = tmpl["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu_count }}"
+        assert spec["nodeSelector"] == "{{ node_selector }}" and spec["tolerations"] == "{{ tolerations }}"
+        assert {"name": "scratch", "mountPath": "/scratch"} in container["volumeMounts"]
+        props = tmpl["variables"]["properties"]
+        assert props["gpu_count"]["type"] == "integer" and props["gpu_count"]["default"] >= 1
+        assert props["tolerations"]["default"][0]["key"] == "nvidia.com/gpu"
+    cpu = template("cpu-k8s")["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in cpu["containers"][0]["resources"]["limits"]
+
+
+def test_each_gpu_and_serve_deployment_runs_one_job_at_a_time(deployments):
+    for key, dep in deployments.items():
+        step = key.split("/")[0]
+        if CLASS_OF.get(step) in ("gpu", "serve"):
+            assert dep.get("concurrency_limit") == {"limit": 1, "collision_strategy": "ENQUEUE"}, key
+
+
+def test_the_dataset_trigger_is_debounced_per_dataset_and_passes_the_uri(deployments):
+    from prefect.events import DeploymentEventTrigger
+
+    (raw,) = deployments["eagle3-pipeline/tiny"]["triggers"]
+    trigger = DeploymentEventTrigger.model_validate({k: v for k, v in raw.items() if k != "type"})
+    assert trigger.expect == {"eaglenest.dataset.uploaded"}
+    assert trigger.for_each == {"prefect.resource.id"}
+    assert trigger.threshold == 1 and trigger.within.total_seconds() >= 30
+    assert trigger.parameters["dataset"] == "{{ event.payload.uri }}"
+    assert trigger.parameters["mode"] == "deployments"
+
+
+def test_the_rollback_trigger_fires_on_failed_or_crashed_pipeline_and_benchmark_runs(deployments):
+    from prefect.events import DeploymentEventTrigger
+
+    (raw,) = deployments["eaglenest-rollback/local"]["triggers"]
+    trigger = DeploymentEventTrigger.model_validate({k: v for k, v in raw.items() if k != "type"})
+    assert trigger.expect == {"prefect.flow-run.Failed", "prefect.flow-run.Crashed"}
+    related = trigger.match_related.root if hasattr(trigger.match_related, "root") else trigger.match_related
+    assert related["prefect.resource.role"] == "flow"
+    assert sorted(related["prefect.resource.name"]) == ["benchmark", "eagle3-pipeline"]
+    assert trigger.parameters == {"flow_run_id": "{{ event.resource.id }}", "reason": "{{ event.event }}"}
+
+
+def test_the_sensor_polls_on_an_interval(deployments):
+    (schedule,) = deployments["dataset-sensor/local"]["schedules"]
+    assert 0 < schedule["interval"] <= 600
