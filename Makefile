@@ -15,7 +15,7 @@ export HF_DATASETS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 
-.PHONY: demo test install sglang-venv clean
+.PHONY: demo test install sglang-venv images images-test clean
 
 install: $(STAMP)
 
@@ -40,6 +40,17 @@ sglang-venv:
 test: $(STAMP) sglang-venv
 	$(PY) -m ruff check steps flows tests benchmarks
 	$(PY) -m pytest -ra
+
+# The three images (cpu, gpu, serve; names and pinned bases in containers/images.env), linted and built
+# with podman. On a machine without registry access (CI) the bases are a stand-in made locally:
+# see scripts/build-images.sh. Installs podman, runc and debootstrap with apt when missing (root).
+images: $(STAMP)
+	PYTHON=$(PY) scripts/build-images.sh all
+
+# Run what was built: the cpu image's export step on a mounted store, the reference server's /health
+# through the image's HEALTHCHECK, the serve image's exact SGLang argv, the gpu image's step CLIs.
+images-test: images
+	EAGLENEST_TEST_IMAGES=1 $(PY) -m pytest -ra tests/containers/test_images.py
 
 clean:
 	rm -rf out .pytest_cache .ruff_cache

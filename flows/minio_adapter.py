@@ -8,7 +8,8 @@ object key URL-encoded). For every record that names an object at `datasets/<nam
 under the store root, this service builds the event with `flows.dataset_trigger.dataset_event` — the same
 builder the `eaglenest dataset upload` CLI and the `dataset-sensor` flow use, so the same object
 version gets the same event id and Prefect starts one run — and sends it with
-`flows.dataset_trigger.post_events` to `$PREFECT_API_URL/events`.
+`flows.dataset_trigger.announce` to `$PREFECT_API_URL/events` (skipping object versions the CLI or the
+sensor already announced: one version, one run, whichever path saw it first).
 
 Reads: notifications over HTTP (`POST /`, any path); `GET /health` answers 200.
 Writes: events to the Prefect API; nothing else. A record outside `datasets/<name>/` or not a
@@ -30,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote_plus
 
-from flows.dataset_trigger import dataset_event, post_events
+from flows.dataset_trigger import announce, dataset_event
 from steps.store import Store, open_store
 
 log = logging.getLogger("eaglenest.minio_adapter")
@@ -116,7 +117,7 @@ class NotificationHandler(BaseHTTPRequestHandler):
             self._answer(400, {"error": f"not a MinIO bucket notification: {err}"})
             return
         try:
-            post_events(self.server.api_url, events)
+            events = announce(self.server.api_url, events)
         except ConnectionError as err:
             log.error("%s", err)
             self._answer(502, {"error": str(err)})  # MinIO retries from its queue

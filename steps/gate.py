@@ -13,7 +13,8 @@ current champion (the export the `production` alias points at). Writes a `gate` 
   pipeline can fix it by itself (`fix.applicable`): it can relaunch a server it started (the
   launch command is derived, so a relaunch undoes F1 and the launcher turns F6 into a restart
   without CUDA graphs); it cannot restart a server someone else runs (`spec_url`).
-- `current`: the candidate already is production (nothing to do).
+- `current`: the candidate already is production (nothing to move); zero acceptance still counts,
+  since production measured at τ ≈ 1 means its serving broke.
 
 Moving the alias is not done here: the orchestrator does it inside a transaction that can roll back.
 """
@@ -141,11 +142,12 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, bench
         return store.manifest("gate", gid)
 
     candidate_sets = benchmark_sets(report)
-    if champion and champion["id"] == export_id:
-        verdict, reasons, champion_sets = "current", [f"export {export_id} already is production"], None
-    else:
-        champion_sets = benchmark_sets(benchmark_report(store, champion_bench)) if champion_bench else None
-        verdict, reasons = decide(cfg.gate, report["metrics"], candidate_sets, champion_sets)
+    is_champion = bool(champion and champion["id"] == export_id)
+    champion_sets = benchmark_sets(benchmark_report(store, champion_bench)) if champion_bench and not is_champion \
+        else None
+    verdict, reasons = decide(cfg.gate, report["metrics"], candidate_sets, champion_sets)
+    if is_champion and verdict != "zero-acceptance":   # re-measuring production: only zero acceptance is news
+        verdict, reasons = "current", [f"export {export_id} already is production", *reasons]
     findings = diagnose(cfg, store, export_id, target_id, report, spec_url) if verdict == "zero-acceptance" else []
     decision = {"verdict": verdict, "reasons": reasons, "fix": fix_for(findings, spec_url) if findings else None,
                 "diagnosis": findings, "candidate": {"export": export_id, "benchmark": benchmark_id,

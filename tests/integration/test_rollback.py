@@ -1,0 +1,82 @@
+"""Promotion rolls back, two ways, against the real stack (`prefect_stack`):
+
+1. in-process: a failure inside the promotion transaction (the promoted export does not verify)
+   runs `promote`'s rollback hook, which puts `production` and `previous` back exactly;
+2. the safety net: a failed `eagle3-pipeline` run that had moved `production` makes the server's
+   automation start `eaglenest-rollback/local` on the worker, which moves `production` back.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from steps.store import ArtifactError, open_store
+
+pytestmark = pytest.mark.slow
+
+
+def make_export(store, art_id: str, text: str = "weights") -> None:
+    writer = store.begin("export", art_id, step="export")
+    writer.path("sglang/config.json").write_text(text)
+    writer.commit()
+
+
+@pytest.fixture()
+def store(tmp_path):
+    s = open_store(f"file://{tmp_path / 'store'}")
+    for art_id in ("a000000000000001", "b000000000000002"):
+        make_export(s, art_id)
+    s.set_alias("production", "export", "a000000000000001", meta={"tau": 2.0})
+    return s
+
+
+@pytest.fixture()
+def api(prefect_stack):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_stack.api_url}):
+        yield prefect_stack
+
+
+def test_a_failure_inside_the_transaction_restores_both_aliases(api, store):
+    from prefect import flow
+
+    from flows.gate import promote_in_transaction
+
+    before = store.get_alias("production")
+    # the export to promote is damaged after it was written: confirm_production's verify fails
+    Path(store.uri.removeprefix("file://"), "artifacts/export/b000000000000002/sglang/config.json").write_text("x")
+
+    @flow
+    def promote_damaged() -> None:
+        promote_in_transaction(store.uri, "b000000000000002", {"tau": 2.5})
+
+    with pytest.raises(ArtifactError):
+        promote_damaged()
+    assert store.get_alias("production") == before
+    assert store.get_alias("previous") is None
+
+
+def test_the_automation_rolls_back_after_a_failed_pipeline_run(api, store):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.states import Failed, Running
+
+    from flows.pipeline import eagle3_pipeline
+
+    with SyncPrefectClient(api.api_url) as client:
+        run = client.create_flow_run(eagle3_pipeline, parameters={"config": "configs/tiny.yaml", "store": store.uri})
+        # what a pipeline run that promoted and then died leaves behind
+        old = store.get_alias("production")
+        store.restore_alias("previous", old)
+        store.set_alias("production", "export", "b000000000000002", meta={"flow_run_id": str(run.id)})
+        client.set_flow_run_state(run.id, Running(), force=True)
+        client.set_flow_run_state(run.id, Failed(message="crashed after promotion"), force=True)
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and store.get_alias("production")["id"] != "a000000000000001":
+            time.sleep(3)
+    assert store.get_alias("production")["id"] == "a000000000000001"
+    assert store.get_alias("production")["meta"] == {"tau": 2.0}
