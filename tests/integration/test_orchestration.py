@@ -107,6 +107,19 @@ def report_markdown(stack) -> str:
     return str(found[0].data)
 
 
+def progress_artifacts(stack) -> dict[str, float]:
+    """bar name → the furthest any of its progress artifacts on the server got (percent)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
+
+    with client(stack) as c:
+        arts = c.read_artifacts(artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress"])))
+    best: dict[str, float] = {}
+    for a in arts:
+        name = str(a.description).split(":")[0]
+        best[name] = max(best.get(name, 0.0), float(a.data))
+    return best
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -147,6 +160,10 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     assert all(states == ["Completed"] for states in children.values()), children
     report = report_markdown(prefect_stack)
     assert "**promote**" in report and exports[0] in report and "data:image/png;base64," in report
+    # the long steps showed progress in the UI, and it reached 100 %
+    progress = progress_artifacts(prefect_stack)
+    for step in ("datagen", "extract", "train"):
+        assert progress.get(step) == 100.0, progress
 
 
 def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
