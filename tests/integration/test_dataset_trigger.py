@@ -118,12 +118,20 @@ def cancel(stack, runs: list) -> None:
                 c.set_flow_run_state(r.id, new, force=True)
 
 
-def stored_events(stack, event_id: str) -> list[dict]:
+def stored_events(stack, event_id: str, deadline_s: float = 60.0) -> list[dict]:
+    """The server's stored copies of one event. The server accepts an event at once but persists it in
+    batches (the event persister flushes every few seconds, later on a busy machine): poll for it."""
     import httpx
 
-    response = httpx.post(f"{stack.api_url}/events/filter", json={"filter": {"id": {"id": [event_id]}}}, timeout=30)
-    response.raise_for_status()
-    return response.json()["events"]
+    deadline = time.monotonic() + deadline_s
+    while True:
+        response = httpx.post(f"{stack.api_url}/events/filter", json={"filter": {"id": {"id": [event_id]}}},
+                              timeout=30)
+        response.raise_for_status()
+        events = response.json()["events"]
+        if events or time.monotonic() > deadline:
+            return events
+        time.sleep(1)
 
 
 # --- tests --------------------------------------------------------------------------------------------
