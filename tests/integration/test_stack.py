@@ -107,7 +107,8 @@ def test_container_deployments_register_against_their_pools_and_render_gpu_reque
                           "--store", prefect_stack.store_uri], env=prefect_stack.env, cwd=REPO,
                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert automations(prefect_stack) == {"eaglenest-dataset-uploaded": 1, "eaglenest-rollback-on-failure": 1}
+    assert automations(prefect_stack) == {"eaglenest-dataset-uploaded": 1, "eaglenest-dataset-uploaded-docker": 1,
+                                         "eaglenest-rollback-on-failure": 1}
 
     train = asyncio.run(_render(prefect_stack, DockerWorkerJobConfiguration, "train/docker"))
     assert train.image == "localhost/eaglenest-gpu:0.1.0"
