@@ -41,12 +41,9 @@ class ArtifactError(RuntimeError):
     """An artifact is missing, incomplete or does not match its manifest."""
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def canonical_json(obj: Any) -> str:
@@ -107,13 +104,10 @@ class Backend(Protocol):
     def put_file_whole(self, key: str, local: Path) -> None: ...
 
 
-def md5_file(path: str | Path, chunk: int = 1 << 20) -> str:
+def md5_file(path: str | Path) -> str:
     """The S3 ETag of a single-part upload of this file, so a local store reports the same versions."""
-    h = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
 
 
 class FileBackend:
@@ -539,6 +533,13 @@ class Store:
         raw = self.backend.get_bytes(f"aliases/{name}.json")
         return json.loads(raw) if raw else None
 
+    def restore_alias(self, name: str, record: dict[str, Any] | None) -> None:
+        """Put back an alias record exactly as `get_alias` returned it (None: the alias did not exist)."""
+        if record is None:
+            self.backend.delete(f"aliases/{name}.json")
+        else:
+            self.backend.put_bytes(f"aliases/{name}.json", json.dumps(record, indent=2).encode())
+
     # plain objects: uploaded inputs such as `datasets/<name>/<file>`, versioned by ETag, no manifest
     def object_uri(self, key: str) -> str:
         return f"{self.uri.rstrip('/')}/{key}"
@@ -560,12 +561,14 @@ class Store:
     def fetch_object(self, key: str) -> Path:
         """A local copy of a plain object (the file itself on file://, else a copy in the cache,
         downloaded again when its ETag changed)."""
+        local = self.backend.local_path(key)
+        if local is not None:       # a file store: the object is the file (no checksum needed to find it)
+            if not local.is_file():
+                raise FileNotFoundError(f"{self.object_uri(key)}: no such object in the store")
+            return local
         stat = self.backend.stat(key)
         if stat is None:
             raise FileNotFoundError(f"{self.object_uri(key)}: no such object in the store")
-        local = self.backend.local_path(key)
-        if local is not None:
-            return local
         local = self.cache_dir / "objects" / stat["etag"] / key
         if not (local.is_file() and local.stat().st_size == stat["size"]):
             self.backend.get_file(key, local)
@@ -574,12 +577,6 @@ class Store:
                                 f"{stat['size']} (changed while downloading? fetch it again)")
         return local
 
-    def restore_alias(self, name: str, record: dict[str, Any] | None) -> None:
-        """Put back an alias record exactly as `get_alias` returned it (None: the alias did not exist)."""
-        if record is None:
-            self.backend.delete(f"aliases/{name}.json")
-        else:
-            self.backend.put_bytes(f"aliases/{name}.json", json.dumps(record, indent=2).encode())
 
 
 def store_uri_for(explicit: str | None, configured: str) -> str:

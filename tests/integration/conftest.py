@@ -7,25 +7,19 @@ the runs they need). It tears down worker first, then server, even when start-up
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
 
 from flows.stack import Stack
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.builders import free_port
 
 
 @pytest.fixture(scope="session")
 def prefect_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A running stack: `.api_url`, `.env` (for `prefect ...` subprocesses), `.store_uri`, `.dir`."""
     root = tmp_path_factory.mktemp("prefect-stack")
-    stack = Stack(dir=root / "stack", port=_free_port(), store_uri=f"file://{root / 'store'}",
+    stack = Stack(dir=root / "stack", port=free_port(), store_uri=f"file://{root / 'store'}",
                   ui=False, scheduler=False)
     try:
         stack.up()

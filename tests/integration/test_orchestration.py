@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from steps import serve
 from steps.config import find_config, load_config
 from steps.launch import launch
 from steps.store import open_store
+from tests.builders import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -118,12 +118,6 @@ def progress_artifacts(stack) -> dict[str, float]:
         name = str(a.description).split(":")[0]
         best[name] = max(best.get(name, 0.0), float(a.data))
     return best
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_reference_server(stack, port: int, algorithm: str):
