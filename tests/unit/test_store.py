@@ -250,6 +250,17 @@ class StoreContract:
             assert store.exists("export", art)
             store.verify("export", art)
 
+    def test_alias_meta_is_kept_and_a_record_restores_exactly(self, store: Store):
+        write_artifact(store, "export", "1000000000000001", {"m": b"one"})
+        write_artifact(store, "export", "2000000000000002", {"m": b"two"})
+        assert store.set_alias("production", "export", "1000000000000001", meta={"tau": 2.0})["meta"] == {"tau": 2.0}
+        saved = store.get_alias("production")
+        store.set_alias("production", "export", "2000000000000002", meta={"flow_run_id": "r"})
+        store.restore_alias("production", saved)
+        assert store.get_alias("production") == saved
+        store.restore_alias("production", None)           # "did not exist" restores to absent
+        assert store.get_alias("production") is None
+
     def test_alias_to_a_missing_artifact_is_refused(self, store: Store):
         write_artifact(store, "export", "1000000000000001", {"m": b"one"})
         store.set_alias("production", "export", "1000000000000001")
@@ -442,3 +453,13 @@ def test_cache_over_many_admissions_never_exceeds_budget(tmp_path: Path):
         on_disk = sum(p.stat().st_size for p in tmp_path.iterdir())
         assert on_disk == cache.used_bytes  # evicted copies are really gone
     assert cache.peak_bytes <= 10_000 and cache.peak_bytes >= max(sizes)
+
+
+def test_store_uri_precedence_is_explicit_then_env_then_config(monkeypatch):
+    from steps.store import store_uri_for
+
+    monkeypatch.delenv("EAGLENEST_STORE", raising=False)
+    assert store_uri_for(None, "file://out/store") == "file://out/store"
+    monkeypatch.setenv("EAGLENEST_STORE", "s3://worker/prefix")
+    assert store_uri_for(None, "file://out/store") == "s3://worker/prefix"
+    assert store_uri_for("file:///explicit", "file://out/store") == "file:///explicit"
