@@ -39,7 +39,7 @@ sglang-venv:
 
 test: $(STAMP) sglang-venv
 	$(PY) -m ruff check steps flows tests benchmarks
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=30
 
 # The three images (cpu, gpu, serve; names and pinned bases in containers/images.env), linted and built
 # with podman. On a machine without registry access (CI) the bases are a stand-in made locally:

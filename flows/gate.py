@@ -50,7 +50,8 @@ def _restore_aliases(txn: Transaction) -> None:
 
 @task(name="confirm-production", persist_result=True, cache_policy=NO_CACHE)
 def confirm_production(store_uri: str, export_id: str) -> str:
-    """The alias reads back as written and the export it names verifies (sizes and sha256)."""
+    """The alias reads back as written and every file of the export it names verifies as the store holds it:
+    size and sha256 against the manifest (`Store.verify`; S3 objects are streamed through the hash)."""
     store = open_store(store_uri)
     alias = store.get_alias("production")
     if not alias or alias["id"] != export_id:

@@ -10,9 +10,10 @@ the earlier ones show as Cached. Prefect does not fail a parent when a child run
 raises for it.
 
 After the benchmark the gate decides. Promote → move `production` inside a transaction
-(`flows/gate.py`). Zero acceptance → the gate ran the doctor; a fault this run can fix (F1, F6 on a
-server it launched) gets one relaunch of serve + benchmark; otherwise `production` stays where it
-was and the run fails with the diagnosis in its report.
+(`flows/gate.py`). Zero acceptance, or production re-measured below its own record (`degraded`) →
+the gate ran the doctor; a fault this run can fix (F1, F6 on a server it launched) gets one relaunch
+of serve + benchmark; otherwise `production` stays where it was and the run fails with the diagnosis
+in its report.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flows import ui
 from flows.gate import current_flow_run_id, promote_in_transaction
 from flows.step_flows import STEPS, run_step_reporting
 from steps.config import find_config, load_config
+from steps.gate import DIAGNOSED
 from steps.store import open_store, store_uri_for
 
 __all__ = ["STEPS", "GateRefused", "StepRunFailed", "eagle3_pipeline", "call_step"]
@@ -107,8 +109,9 @@ def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: 
     step("gate", options={"spec_url": spec_url}, export=export, target=target, benchmark=bench)
     decision = done["gate"]["meta"]
     fix = decision.get("fix")
-    if decision["verdict"] == "zero-acceptance" and fix and fix["applicable"]:
-        get_run_logger().warning("zero acceptance, %s: %s; retrying serve + benchmark once", fix["row"], fix["how"])
+    if decision["verdict"] in DIAGNOSED and fix and fix["applicable"]:
+        get_run_logger().warning("%s, %s: %s; retrying serve + benchmark once", decision["verdict"], fix["row"],
+                                 fix["how"])
         step("serve", key="serve-retry", export=export, target=target)
         bench = step("benchmark", key="benchmark-retry", options={**urls, "attempt": 2}, export=export, target=target)
         step("gate", key="gate-retry", options={"spec_url": spec_url}, export=export, target=target, benchmark=bench)
@@ -129,7 +132,9 @@ def finish(config_name: str, store_uri: str, done: dict[str, dict[str, Any]], de
                                 "config": config_name})
     bench = next(r for k, r in reversed(done.items()) if k.startswith("benchmark"))
     plot = store.fetch_file("benchmark", bench["id"], "benchmark.png").read_bytes()
-    outcome = {"promote": "promoted", "current": "already in production"}.get(verdict, f"refused ({verdict})")
+    outcome = {"promote": "promoted", "current": "already in production, and it still holds",
+               "degraded": "production no longer holds its recorded numbers behind this server"
+               }.get(verdict, f"refused ({verdict})")
     report = ui.run_report(config_name, done, dataset=dataset, decision=decision,
                            production=store.get_alias("production"), plot_png=plot, outcome=outcome)
     ui.metrics_table(done, config_name)

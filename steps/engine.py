@@ -6,10 +6,13 @@ nothing; `steps/verify.py` turns its accept counts into offline τ (F9: acceptan
 any serving). It follows the contract's "Engine round" exactly, so a draft that is good here and
 ≈1 on a live server points at serving, not training.
 
-`algorithm="EAGLE"` reproduces F1 the way SGLang does it: the target captures no aux layers and
-sends its final hidden state (width H), so the draft's `fc` is skipped because the widths match.
-(SGLang's EAGLE path also swaps in the target's lm_head; that part is not reproduced here: the
-skipped `fc` alone already collapses acceptance.)
+`algorithm="EAGLE"` reproduces F1 the way SGLang 0.5.23 serves an EAGLE-3 draft under the EAGLE
+flag (shared/reference/sglang.md §1.4–1.6): the target captures no aux layers and sends its final
+hidden state (width H), so the draft's `fc` is skipped because the widths match; the worker's
+non-EAGLE3 `init_lm_head` replaces the draft's embedding *and* head with the target's; and no
+`hot_token_id` map is applied (the head now spans the target vocab). Reproducing only the skipped
+`fc` left the trained draft head reading the target's final state, which still accepted drafts
+(live τ 1.18 on the tiny target) where SGLang gives 1.00 — a test double kinder than the server.
 
 Greedy verification makes the output identical to plain greedy decoding of the target; the
 tests check that token for token.
@@ -17,6 +20,7 @@ tests check that token for token.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass, field
 
@@ -53,6 +57,8 @@ class Engine:
             raise ValueError(f"algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
         if num_steps < 1:
             raise ValueError(f"num_steps={num_steps}: chain drafting needs at least one step")
+        if algorithm == "EAGLE" and draft is not None:
+            draft = served_as_eagle(draft, target)
         self.target, self.tokenizer, self.draft = target.eval(), tokenizer, draft
         self.layer_ids, self.k, self.algorithm = list(layer_ids), num_steps, algorithm
         # transformers ≥5.2x names the KV cache argument `cache` (`past_key_values` is deprecated).
@@ -149,6 +155,21 @@ class Engine:
             out.append(int(logits[0, -1].argmax()))
             ids = out[-1:]
         return _finish(out, max_new_tokens, eos)
+
+
+def served_as_eagle(draft: Eagle3Draft, target: torch.nn.Module) -> Eagle3Draft:
+    """The draft as SGLang's EAGLE (not EAGLE3) worker runs it: the target's embedding and lm_head in
+    place of the draft's, and no draft→target vocab map (ids come out of the target's full vocab)."""
+    embed, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    if head.shape[1] != draft.cfg.hidden_size:   # SGLang shares nothing then; the fc width error is loud
+        return draft
+    served = copy.deepcopy(draft)
+    served.embed_tokens = torch.nn.Embedding.from_pretrained(embed.detach().clone(), freeze=True)
+    served.lm_head = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
+    with torch.no_grad():
+        served.lm_head.weight.copy_(head)
+    served.d2t = torch.zeros(head.shape[0], dtype=torch.int64)      # identity: draft ids are target ids
+    return served.eval()
 
 
 def _crop(cache: DynamicCache, keep: int) -> None:

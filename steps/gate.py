@@ -13,8 +13,12 @@ current champion (the export the `production` alias points at). Writes a `gate` 
   pipeline can fix it by itself (`fix.applicable`): it can relaunch a server it started (the
   launch command is derived, so a relaunch undoes F1 and the launcher turns F6 into a restart
   without CUDA graphs); it cannot restart a server someone else runs (`spec_url`).
-- `current`: the candidate already is production (nothing to move); zero acceptance still counts,
-  since production measured at τ ≈ 1 means its serving broke.
+- `current`: the candidate already is production (nothing to move) and its live numbers still hold:
+  τ ≥ gate.min_tau, speedup ≥ gate.min_speedup, and no set lost more than gate.max_regression of what
+  production recorded when it was promoted;
+- `degraded`: the candidate is production and it no longer holds (a floor or its own recorded numbers
+  failed). The draft has not changed, so the serving has: the doctor runs as for zero acceptance.
+  Without this a production draft whose live τ fell 12% behind a new server passed as `current`.
 
 Moving the alias is not done here: the orchestrator does it inside a transaction that can roll back.
 """
@@ -58,7 +62,7 @@ def benchmark_sets(report: dict[str, Any]) -> dict[str, dict[str, float]]:
 # --- the decision -----------------------------------------------------------------------------------------
 
 def regressions(candidate: dict[str, dict[str, float]], champion: dict[str, dict[str, float]],
-                max_regression: float) -> list[str]:
+                max_regression: float, metrics: tuple[str, ...] = ("tau", "speedup")) -> list[str]:
     """Every set and metric where the candidate is worse than (1 - max_regression) × the champion."""
     out = []
     for name, champ in champion.items():
@@ -66,19 +70,31 @@ def regressions(candidate: dict[str, dict[str, float]], champion: dict[str, dict
         if cand is None:
             out.append(f"{name}: measured for the champion, missing for the candidate")
             continue
-        for metric in ("tau", "speedup"):
+        for metric in metrics:
             if cand[metric] < champ[metric] * (1 - max_regression):
                 out.append(f"{name}: {metric} {cand[metric]:.3f} < champion {champ[metric]:.3f} "
                            f"- {max_regression:.0%}")
     return out
 
 
+#: verdicts after which the doctor runs: the measured draft is known good (or cannot be that bad), so
+#: the serving is the suspect.
+DIAGNOSED = ("zero-acceptance", "degraded")
+
+
 def decide(gate: GateConfig, metrics: dict[str, Any], candidate_sets: dict[str, dict[str, float]],
-           champion_sets: dict[str, dict[str, float]] | None) -> tuple[str, list[str]]:
-    """(verdict, reasons) from the candidate's headline metrics and sets; the champion's sets if any."""
+           champion_sets: dict[str, dict[str, float]] | None, *, is_champion: bool = False
+           ) -> tuple[str, list[str]]:
+    """(verdict, reasons) from the candidate's headline metrics and sets; the champion's sets if any.
+
+    `is_champion`: the candidate is production itself, re-measured; `champion_sets` are then the numbers
+    it recorded when promoted, and failing them (or a floor) is `degraded`, not `reject`."""
     tau, speedup = float(metrics.get("tau") or 0.0), float(metrics.get("speedup") or 0.0)
     if "error" in metrics:
         return "reject", [f"benchmark error: {metrics['error']}"]
+    if metrics.get("tau") is None:   # no spec_verify_ct in any answer: the server did not speculate at all
+        return "zero-acceptance", ["the benchmark recorded no live τ: the server reported no speculative "
+                                   "decoding counters (is the draft loaded, the algorithm set?)"]
     if tau <= gate.zero_acceptance_tau:
         return "zero-acceptance", [f"live τ {tau:.3f} ≤ {gate.zero_acceptance_tau}: every draft token rejected"]
     reasons = []
@@ -87,7 +103,15 @@ def decide(gate: GateConfig, metrics: dict[str, Any], candidate_sets: dict[str, 
     if speedup < gate.min_speedup:
         reasons.append(f"speedup {speedup:.3f} < gate.min_speedup {gate.min_speedup}")
     if champion_sets is not None:
-        reasons += regressions(candidate_sets, champion_sets, gate.max_regression)
+        # Production against its own record: τ only. Greedy τ of one draft behind a correct server is
+        # reproducible; tokens/s on a shared machine is not (the speedup floor above still applies).
+        reasons += regressions(candidate_sets, champion_sets, gate.max_regression,
+                               ("tau",) if is_champion else ("tau", "speedup"))
+    if is_champion:
+        return ("degraded", reasons) if reasons else \
+            ("current", [f"production still holds: live τ {tau:.3f} ≥ {gate.min_tau}, speedup {speedup:.3f} ≥ "
+                         f"{gate.min_speedup}" + ("" if champion_sets is None else
+                                                   f", no set below its recorded τ - {gate.max_regression:.0%}")])
     if reasons:
         return "reject", reasons
     return "promote", [f"live τ {tau:.3f} ≥ {gate.min_tau}, speedup {speedup:.3f} ≥ {gate.min_speedup}"
@@ -106,11 +130,13 @@ def diagnose(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, 
                 for a in store.manifest("serve", sid).meta.get("attempts", [])]
     findings = doctor.run(sglang_dir, target=tdir, server=spec_url, context_length=cfg.target.context_length,
                           serve_record=attempts or None)
-    if spec_url is None:   # our own server is stopped by now: judge it by what it reported while it ran
-        ck = doctor.read_checkpoint(sglang_dir)
-        facts = report["servers"]["speculative"]
-        findings += [doctor.check_algorithm(ck, facts, report["metrics"].get("tau")),
-                     doctor.check_cuda_graph(facts, attempts or None)]
+    # A server that is gone (ours is stopped by now; theirs may be down) is judged by what it reported
+    # while it was measured: the algorithm it ran (F1) and, for ours, its CUDA-graph facts (F6).
+    ck, facts = doctor.read_checkpoint(sglang_dir), report["servers"]["speculative"]
+    if not any(f.id == "F1" for f in findings):
+        findings.append(doctor.check_algorithm(ck, facts, report["metrics"].get("tau")))
+    if spec_url is None:
+        findings.append(doctor.check_cuda_graph(facts, attempts or None))
     return [asdict(f) for f in findings]
 
 
@@ -143,12 +169,15 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, bench
 
     candidate_sets = benchmark_sets(report)
     is_champion = bool(champion and champion["id"] == export_id)
-    champion_sets = benchmark_sets(benchmark_report(store, champion_bench)) if champion_bench and not is_champion \
-        else None
-    verdict, reasons = decide(cfg.gate, report["metrics"], candidate_sets, champion_sets)
-    if is_champion and verdict != "zero-acceptance":   # re-measuring production: only zero acceptance is news
-        verdict, reasons = "current", [f"export {export_id} already is production", *reasons]
-    findings = diagnose(cfg, store, export_id, target_id, report, spec_url) if verdict == "zero-acceptance" else []
+    # Production re-measured is judged against what it recorded when promoted (unless this *is* that
+    # measurement), a challenger against the champion's recorded sets.
+    champion_sets = benchmark_sets(benchmark_report(store, champion_bench)) \
+        if champion_bench and champion_bench != benchmark_id else None
+    verdict, reasons = decide(cfg.gate, report["metrics"], candidate_sets, champion_sets, is_champion=is_champion)
+    if is_champion:
+        recorded = (champion.get("meta") or {}).get("tau")
+        reasons = [f"export {export_id} is production (recorded live τ {_fmt(recorded)})", *reasons]
+    findings = diagnose(cfg, store, export_id, target_id, report, spec_url) if verdict in DIAGNOSED else []
     decision = {"verdict": verdict, "reasons": reasons, "fix": fix_for(findings, spec_url) if findings else None,
                 "diagnosis": findings, "candidate": {"export": export_id, "benchmark": benchmark_id,
                                                      "tau": report["metrics"].get("tau"),
@@ -160,6 +189,10 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, bench
     writer.path("decision.json").write_text(json.dumps(decision, indent=2))
     return writer.commit(metrics={"verdict": verdict, "tau": decision["candidate"]["tau"],
                                   "speedup": decision["candidate"]["speedup"]}, meta=decision)
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:

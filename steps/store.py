@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlparse
 
 CODE_VERSION = "0.1.0"
@@ -41,8 +41,11 @@ class ArtifactError(RuntimeError):
     """An artifact is missing, incomplete or does not match its manifest."""
 
 
-def sha256_file(path: str | Path) -> str:
-    with open(path, "rb") as f:
+def sha256_file(src: str | Path | BinaryIO) -> str:
+    """sha256 hex of a file, given its path or an open binary stream (read through in chunks, never whole)."""
+    if not isinstance(src, (str, Path)):
+        return hashlib.file_digest(src, "sha256").hexdigest()
+    with open(src, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -102,6 +105,7 @@ class Backend(Protocol):
     def local_path(self, key: str) -> Path | None: ...
     def stat(self, key: str) -> dict[str, Any] | None: ...
     def put_file_whole(self, key: str, local: Path) -> None: ...
+    def sha256(self, key: str) -> str | None: ...
 
 
 def md5_file(path: str | Path) -> str:
@@ -167,6 +171,11 @@ class FileBackend:
 
     def put_file_whole(self, key: str, local: Path) -> None:
         self.put_file(key, local)
+
+    def sha256(self, key: str) -> str | None:
+        """sha256 hex of the stored file, or None if it is absent."""
+        p = self._p(key)
+        return sha256_file(p) if p.is_file() else None
 
 
 class S3Backend:
@@ -280,6 +289,19 @@ class S3Backend:
 
         single = TransferConfig(multipart_threshold=SINGLE_PUT_MAX_BYTES)
         self.client.upload_file(str(local), self.bucket, self._k(key), Config=single)
+
+    def sha256(self, key: str) -> str | None:
+        """sha256 hex of the object as the bucket serves it now (streamed through, not cached), or None if absent."""
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._k(key))["Body"]
+        except ClientError as err:
+            if err.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        with body:
+            return sha256_file(body)
 
 
 # --- manifests --------------------------------------------------------------------------------------
@@ -491,11 +513,24 @@ class Store:
         return local if local is not None else self.cache_dir / kind / art_id
 
     def verify(self, kind: str, art_id: str) -> Manifest:
+        """Check every file of the artifact as the store holds it (not a cached copy) against its manifest:
+        size, then sha256 (S3 objects are streamed through the hash, never held whole or cached)."""
         m = self.manifest(kind, art_id)
+        fix = (f"delete {self.artifact_uri(kind, art_id)}/{MANIFEST} and re-run the {m.step!r} step to "
+               "rebuild the artifact")
         for rec in m.files:
-            size = self.backend.size(f"{self.key(kind, art_id)}/{rec['path']}")
+            key, where = f"{self.key(kind, art_id)}/{rec['path']}", f"{self.artifact_uri(kind, art_id)}/{rec['path']}"
+            size = self.backend.size(key)
+            if size is None:
+                raise ArtifactError(f"{where}: listed in the manifest but missing from the store; {fix}")
             if size != rec["size"]:
-                raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{rec['path']}: size {size} != {rec['size']}")
+                raise ArtifactError(f"{where}: size {size} != manifest {rec['size']} (corrupt or overwritten); {fix}")
+            digest = self.backend.sha256(key)
+            if digest is None:
+                raise ArtifactError(f"{where}: listed in the manifest but missing from the store; {fix}")
+            if digest != rec["sha256"]:
+                raise ArtifactError(f"{where}: sha256 {digest} != manifest {rec['sha256']} (corrupt or "
+                                    f"overwritten); {fix}")
         return m
 
     # writing
@@ -585,11 +620,20 @@ def store_uri_for(explicit: str | None, configured: str) -> str:
     return explicit or os.environ.get("EAGLENEST_STORE") or configured
 
 
+def default_cache_dir(store_key: str) -> Path:
+    """`<tmp>/eaglenest-cache/<store>`: scratch (extraction rounds, serve logs, downloads) of one store.
+
+    Keyed by the store, so two stores on one machine (`make demo` in two clones, the tests beside a
+    demo) never meet in each other's scratch; EAGLENEST_CACHE (or `cache_dir`) overrides it."""
+    digest = hashlib.sha256(store_key.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / "eaglenest-cache" / digest
+
+
 def open_store(uri: str | None = None, *, cache_dir: str | Path | None = None,
                endpoint_url: str | None = None) -> Store:
     """`file://path` (relative or absolute) or `s3://bucket/prefix`; env EAGLENEST_STORE as default."""
     uri = uri or os.environ.get("EAGLENEST_STORE") or "file://out/store"
-    cache = Path(cache_dir or os.environ.get("EAGLENEST_CACHE") or Path(tempfile.gettempdir()) / "eaglenest-cache")
+    explicit_cache = cache_dir or os.environ.get("EAGLENEST_CACHE")
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         # file://out/store parses as host "out" + path "/store": a relative folder. file://localhost/x
@@ -600,12 +644,14 @@ def open_store(uri: str | None = None, *, cache_dir: str | Path | None = None,
             raise ValueError(f"store URI {uri!r}: file:// needs a folder (file://out/store or file:///abs/path)")
         root = Path(root_text)
         root.mkdir(parents=True, exist_ok=True)
-        return Store(f"file://{root.resolve()}", FileBackend(root), cache)
+        resolved = f"file://{root.resolve()}"
+        return Store(resolved, FileBackend(root), Path(explicit_cache or default_cache_dir(resolved)))
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError(f"store URI {uri!r}: s3:// needs a bucket (s3://bucket/prefix)")
         endpoint = endpoint_url or os.environ.get("EAGLENEST_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
-        return Store(uri.rstrip("/"), S3Backend(parsed.netloc, parsed.path, endpoint), cache)
+        return Store(uri.rstrip("/"), S3Backend(parsed.netloc, parsed.path, endpoint),
+                     Path(explicit_cache or default_cache_dir(f"{endpoint or ''}|{uri.rstrip('/')}")))
     raise ValueError(f"store URI {uri!r}: expected file://PATH or s3://BUCKET/PREFIX")
 
 

@@ -1,8 +1,10 @@
 """Tiny, seeded builders shared by the test files: a free port, the byte-level ChatML tokenizer, tiny Llama
-targets (random or "bigram"), EAGLE-3 drafts (random or copying) and the artifacts the steps read.
+targets (random or "bigram"), EAGLE-3 drafts (random or copying), the artifacts the steps read, and one
+tiny draft in each producer's checkpoint layout (for doctor and convert).
 
 Plain functions, not fixtures: each test file picks its own sizes and wraps them in its own fixtures, so
-what a test builds stays visible where it is asserted on. Every builder seeds torch itself, so the same
+what a test builds stays visible where it is asserted on (the checkpoint layouts excepted: one draft at
+fixed sizes, `LAYOUT_*`, which doctor's and convert's tests both check). Every builder seeds torch itself, so the same
 call gives the same weights in every file.
 
 The "bigram" target: decoder layers add nothing (o_proj and down_proj zero) and the embeddings are
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from steps import formats
 from steps.config import parse_config
 from steps.draft import DraftConfig, Eagle3Draft
 from steps.store import open_store
@@ -32,6 +35,16 @@ CANONICAL_DRAFT_KEYS = {
     "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
     "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
     "midlayer.mlp.down_proj.weight",
+}
+#: the same draft as vLLM loads it in the speculators format (`Eagle3DraftModel.state_dict()` minus the unsaved
+#: `verifier_*`; shared/reference/trainers.md §6.2): the one decoder layer is `layers.0.` (pinned in
+#: tests/unit/test_formats.py). Written out, not derived from the SGLang names.
+SPECULATORS_DRAFT_KEYS = {
+    "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+    "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight", "layers.0.post_attention_layernorm.weight",
+    "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight", "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
+    "layers.0.mlp.down_proj.weight",
 }
 LAYER_IDS = (1, 2, 3)          # internal convention; SGLang's eagle_config holds [0, 1, 2]
 
@@ -217,6 +230,23 @@ def put_random_draft(store, target_dir: Path, *, draft_vocab_size: int, intermed
                      num_hidden_layers=tcfg["num_hidden_layers"], target_name="tiny")
 
 
+def put_token_dataset(store, *, vocab_size: int, num_rows: int = 24, seed: int = 0, dataset_id: str = "tokens") -> str:
+    """A `dataset` artifact as datagen writes it (`conversations/*.jsonl` rows with `input_ids` and `loss_mask`),
+    of seeded random token ids in [3, vocab_size): the first third of each row is the prompt, the rest the answer
+    that carries the loss. No tokenizer: for extract, mapping and train on a tiny target."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for k in range(num_rows):
+        n = int(torch.randint(12, 48, (1,), generator=g))
+        ids = torch.randint(3, vocab_size, (n,), generator=g).tolist()
+        rows.append({"id": f"r{k}", "source": "builders", "messages": [], "input_ids": ids,
+                     "loss_mask": [int(i >= n // 3) for i in range(n)]})
+    writer = store.begin("dataset", dataset_id, step="datagen")
+    writer.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    writer.commit(metrics={"ok": len(rows), "tokens": sum(len(r["input_ids"]) for r in rows)})
+    return dataset_id
+
+
 def tiny_pipeline_config(target_dir: Path, *, draft_vocab_size: int, layer_ids=LAYER_IDS, **sections):
     """The export/verify config for an HF-dir target; `sections` replace whole sections."""
     return parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(target_dir)},
@@ -243,3 +273,148 @@ def bigram_world(root: Path, port: int, *, num_steps: int = 3, layer_ids=LAYER_I
     export_id = export.run(cfg, store, draft_id, target_id).id
     return {"store": store, "cfg": cfg, "target_id": target_id, "export_id": export_id, "target_dir": tdir,
             "draft_dir": export.export_dir(store, export_id, "sglang")}
+
+
+# --- checkpoint layouts: one tiny draft as each producer lays it out (doctor, convert) -------------------
+#
+# Each builder writes the same seeded draft (`layout_draft_state`) as one producer writes it; sources:
+# - eaglenest `sglang/` and `vllm/`: `steps.formats.write_engine_dir` with `sglang_config` / `vllm_config`.
+# - SpecForge's SGLang export: config fields of sgl-project/SpecForge@82b62f6ebe950866925384d4c90f62aa3594934f
+#   `configs/llama3-70B-ealge3.json` (architectures ["LlamaForCausalLMEagle3"], model_type llama,
+#   num_hidden_layers 1, draft_vocab_size, tie_word_embeddings false, torch_dtype, rope_theta, no
+#   eagle_config, no target_hidden_size); keys: SpecForge's draft names (`midlayer.*`, `fc`, `norm`,
+#   `lm_head`, `d2t`, `t2d`); `specforge export --to sglang` drops `embed_tokens` (shared/reference/trainers.md §6.2).
+# - speculators: vllm-project/speculators@11ecdd3385ed00258b89b0de8b55a0074ced9ec4
+#   `src/speculators/models/eagle3/config.py` (`Eagle3SpeculatorConfig`: speculators_model_type "eagle3",
+#   architectures ["Eagle3Speculator"], transformer_layer_config, draft_vocab_size, norm_before_residual,
+#   target_hidden_size, eagle_aux_hidden_state_layer_ids, embed_requires_grad) and the `midlayer.` →
+#   `layers.0.` rename of `convert/eagle/eagle3_converter.py` (as cited in steps/formats.py).
+# - EAGLE official (yuhuili/EAGLE3-*): SafeAILab/EAGLE `eagle/model/cnets.py` (`Model`: `embed_tokens`,
+#   `fc`, `midlayer`, `norm`, `lm_head`, `d2t`/`t2d` buffers) and the released config.json with
+#   architectures ["LlamaForCausalLM"] and no eagle_config (shared/reference/sglang.md §1.1, §5).
+
+LAYOUT_V, LAYOUT_H, LAYOUT_VD, LAYOUT_N = 272, 64, 128, 8   # target vocab, hidden, draft vocab, target layers
+LAYOUT_LAYER_IDS = [2, 4, 5]                                 # internal = the defaults [2, N//2, N-3] for N = 8
+LAYOUT_DRAFT = dict(hidden_size=LAYOUT_H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
+                    vocab_size=LAYOUT_V, draft_vocab_size=LAYOUT_VD, target_hidden_size=LAYOUT_H, num_aux=3)
+
+
+def layout_draft_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """The canonical-named state dict of a seeded random draft of `LAYOUT_DRAFT`'s sizes."""
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(DraftConfig(**LAYOUT_DRAFT))
+    ids = torch.randperm(LAYOUT_V)[:LAYOUT_VD].sort().values
+    draft.d2t.copy_(ids - torch.arange(LAYOUT_VD))
+    draft.t2d[ids] = True
+    return {k: v.detach().clone() for k, v in draft.state_dict().items()}
+
+
+def eaglenest_layout(root: Path, engine: str, **build) -> Path:
+    """root/<engine>: eaglenest's own `sglang` or `vllm` export dir; `layer_ids` (internal) overrides the ids."""
+    from steps import formats
+
+    fields = {k: v for k, v in LAYOUT_DRAFT.items() if k != "num_aux"}
+    config = formats.CONFIG_BUILDERS[engine](
+        fields, layer_ids=build.get("layer_ids", LAYOUT_LAYER_IDS), max_position_embeddings=512, dtype="float32",
+        verifier_name_or_path="tiny", verifier_architectures=["LlamaForCausalLM"], speculative_tokens=3)
+    return formats.write_engine_dir(root / engine, engine, layout_draft_state(), config, dtype="float32")
+
+
+def write_checkpoint_dir(path: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """`path` with model.safetensors and config.json."""
+    path.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+def layout_llama_fields() -> dict:
+    return {"hidden_act": "silu", "hidden_size": LAYOUT_H, "intermediate_size": 128, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "max_position_embeddings": 512, "vocab_size": LAYOUT_V, "tie_word_embeddings": False,
+            "num_hidden_layers": 1}
+
+
+def specforge_layout(root: Path, *, prefix: str = "", config_edit=None, state_edit=None) -> Path:
+    """root/specforge, as `specforge export --to sglang` writes it: LlamaForCausalLMEagle3 config, midlayer.* keys,
+    no embed_tokens. `prefix` goes before every key; `config_edit` / `state_edit` change the dicts in place."""
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layout_llama_fields(),
+              "draft_vocab_size": LAYOUT_VD, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+              "pad_token_id": 0, "use_cache": True}
+    state = {k: v for k, v in layout_draft_state().items() if k != "embed_tokens.weight"}
+    if config_edit:
+        config_edit(config)
+    if state_edit:
+        state_edit(state)
+    return write_checkpoint_dir(root / "specforge", config, {prefix + k: v for k, v in state.items()})
+
+
+def speculators_layout(root: Path) -> Path:
+    """root/speculators: an Eagle3Speculator config and `layers.0.` keys."""
+    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+              "speculators_version": "0.3.0",
+              "transformer_layer_config": {"model_type": "llama", **layout_llama_fields()},
+              "draft_vocab_size": LAYOUT_VD, "norm_before_residual": False, "target_hidden_size": LAYOUT_H,
+              "eagle_aux_hidden_state_layer_ids": LAYOUT_LAYER_IDS, "embed_requires_grad": False,
+              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                     "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]}}}
+    state = {k.replace("midlayer.", "layers.0.", 1): v for k, v in layout_draft_state().items()}
+    return write_checkpoint_dir(root / "speculators", config, state)
+
+
+def eagle_official_layout(root: Path) -> Path:
+    """root/official, as yuhuili/EAGLE3-*: a Llama config with draft_vocab_size, EAGLE's cnets.Model state dict."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **layout_llama_fields(),
+              "draft_vocab_size": LAYOUT_VD, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2}
+    return write_checkpoint_dir(root / "official", config, layout_draft_state())
+
+
+# --- the failure catalogue's world (tests/integration/test_failure_catalogue.py, test_sglang_loader.py) -----
+
+CATALOGUE_V, CATALOGUE_H, CATALOGUE_N = 272, 288, 4
+CATALOGUE_LAYER_IDS = [1, 2, 3]              # internal; SGLang eagle_config [0, 1, 2]
+
+
+def build_target(root: Path):
+    """The bigram target whose decoder layer 1 keeps its MLP (×400): hidden_states[1] ≠ hidden_states[2]."""
+    return bigram_target(root, vocab_size=CATALOGUE_V, hidden_size=CATALOGUE_H, intermediate_size=64,
+                         num_hidden_layers=CATALOGUE_N, mlp_layer=1)
+
+
+def next_token_map(target) -> torch.Tensor:
+    """B[x], read off the target's own forward: layer 1's MLP moves the final hidden state away from E[x]."""
+    with torch.no_grad():
+        return target(input_ids=torch.arange(CATALOGUE_V)[:, None]).logits[:, 0].argmax(-1)
+
+
+def export_sglang(out: Path, draft: Eagle3Draft, *, layer_ids=CATALOGUE_LAYER_IDS, **config_edits) -> Path:
+    config = formats.sglang_config(draft.cfg.to_dict(), layer_ids=layer_ids, max_position_embeddings=512,
+                                   dtype="float32")
+    config.update(config_edits)
+    return formats.write_engine_dir(out, "sglang", draft.state_dict(), config, dtype="float32")
+
+
+def variant(world, name: str, *, rename=None, drop=(), edit=None, **config_edits) -> Path:
+    """The healthy export with one thing wrong (weights renamed / dropped / edited, config fields edited)."""
+    src, out = world["healthy"], world["export"] / name
+    out.mkdir()
+    tensors = {(rename(k) if rename else k): v for k, v in load_file(str(src / "model.safetensors")).items()
+               if k not in drop}
+    if edit:
+        edit(tensors)
+    save_file(tensors, str(out / "model.safetensors"))
+    config = json.loads((src / "config.json").read_text())
+    for key, value in config_edits.items():
+        if key == "eagle_ids":
+            config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = value
+        else:
+            config[key] = value
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def misalign_d2t(tensors: dict[str, torch.Tensor]) -> None:
+    ids = torch.arange(len(tensors["d2t"])) + tensors["d2t"]
+    tensors["d2t"] = torch.roll(ids, 1) - torch.arange(len(ids))

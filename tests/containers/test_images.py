@@ -47,7 +47,7 @@ def test_cpu_image_runs_the_export_step_on_a_mounted_store(exported_in_image):
     from steps import export
 
     w = exported_in_image
-    manifest = w["store"].manifest("export", w["export_id"])  # verifies every file's size and sha256
+    manifest = w["store"].manifest("export", w["export_id"])  # reads the manifest only; export_dir fetches verified
     assert manifest.step == "export" and manifest.inputs == {"draft": w["draft_id"], "target": w["target_id"]}
     sglang_dir = export.export_dir(w["store"], w["export_id"], "sglang")
     assert json.loads((sglang_dir / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]

@@ -1,5 +1,10 @@
 """End to end on configs/tiny.yaml through the demo entry point (a Prefect flow): the trained draft
-must clearly beat an untrained one on held-out MT-bench prompts, and every artifact must verify."""
+must clearly beat an untrained one on held-out MT-bench prompts, and every artifact must verify.
+
+It runs against the session's one Prefect stack and store, after the orchestration tests (tests/conftest.py
+orders e2e last): the tiny pipeline's artifacts are content-addressed, so the trained chain the deployment
+run built is reused here and only the untrained control is computed.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +15,24 @@ import pytest
 
 from steps.store import open_store
 
-
-@pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+#: How far the trained tiny draft must beat the untrained one (τ 1.00 everywhere). Measured τ of the trained
+#: draft (benchmarks/tiny_tau_spread.py, benchmarks/README.md): 1.39-1.80 over seeds 0-3 (1.67 at the config's
+#: seed 0; 1 or 2 threads give identical numbers) on one 2-core machine; seed 0 gave 1.53 and 1.34 on two
+#: others (the CPU's kernels change greedy datagen, hence the training data). A gain of 0.2 sits below every
+#: measurement with room to spare, and far above what a broken draft reaches (the EAGLE flag: 1.03-1.05).
+MIN_GAIN = 0.2
 
 
 @pytest.mark.slow
-def test_tiny_demo_trained_draft_beats_untrained(tmp_path_factory, prefect_server):
+def test_tiny_demo_trained_draft_beats_untrained(tmp_path_factory, prefect_stack):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from flows import demo
 
     out = tmp_path_factory.mktemp("demo")
-    store_uri = f"file://{tmp_path_factory.mktemp('store')}"
-    assert demo.main(["--config", "configs/tiny.yaml", "--out", str(out), "--store", store_uri]) == 0
+    store_uri = prefect_stack.store_uri
+    with temporary_settings(updates={PREFECT_API_URL: prefect_stack.api_url}):
+        assert demo.main(["--config", "configs/tiny.yaml", "--out", str(out), "--store", store_uri]) == 0
     summary = json.loads((out / "summary.json").read_text())
 
     for field in ("acceptance_length", "acceptance_length_random_draft", "per_position_acceptance",
@@ -37,13 +44,13 @@ def test_tiny_demo_trained_draft_beats_untrained(tmp_path_factory, prefect_serve
     assert set(summary["control_steps"]) == {"train", "export", "verify"}
 
     tau, tau_untrained = summary["acceptance_length"], summary["acceptance_length_random_draft"]
-    assert tau_untrained <= 1.2, tau_untrained
-    assert tau >= tau_untrained + 0.4, (tau, tau_untrained)
+    assert tau_untrained <= 1.1, tau_untrained
+    assert tau >= tau_untrained + MIN_GAIN, (tau, tau_untrained, summary["per_position_acceptance"])
 
     assert (Path(summary["target_dir"]) / "config.json").is_file()
     for engine in ("sglang", "vllm"):
         assert (Path(summary["export_dirs"][engine]) / "config.json").is_file()
     store = open_store(store_uri)
-    for record in summary["steps"].values():
+    for record in [*summary["steps"].values(), *summary["control_steps"].values()]:
         kind, art_id = record["uri"].rstrip("/").split("/")[-2:]
         store.verify(kind, art_id)

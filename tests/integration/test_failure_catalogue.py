@@ -25,60 +25,32 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from steps import doctor, formats, serve
 from steps.config import find_config, load_config
-from steps.draft import Eagle3Draft
 from steps.metrics import acceptance_length_from_requests
-from tests.builders import bigram_target, copying_draft, free_port
+from tests.builders import (
+    CATALOGUE_H,
+    CATALOGUE_LAYER_IDS,
+    CATALOGUE_N,
+    CATALOGUE_V,
+    build_target,
+    copying_draft,
+    export_sglang,
+    free_port,
+    misalign_d2t,
+    next_token_map,
+    variant,
+)
 
-V, H, N, STEPS = 272, 288, 4, 4
-LAYER_IDS = [1, 2, 3]              # internal; SGLang eagle_config [0, 1, 2]
+V, H, N, LAYER_IDS = CATALOGUE_V, CATALOGUE_H, CATALOGUE_N, CATALOGUE_LAYER_IDS
+STEPS = 4
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = (sys.executable, "-m", "steps.reference_server")
 PROMPTS = ["def fib(n):", "The quick brown fox", "import numpy as np", "Hello, world"]
 ZERO = doctor.ZERO_ACCEPTANCE_TAU
 
-# --- the world: target, healthy export, broken variants ------------------------------------------------
-
-def build_target(root: Path):
-    """The bigram target whose decoder layer 1 keeps its MLP (×400): hidden_states[1] ≠ hidden_states[2]."""
-    return bigram_target(root, vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=N, mlp_layer=1)
-
-def next_token_map(target) -> torch.Tensor:
-    """B[x], read off the target's own forward: layer 1's MLP moves the final hidden state away from E[x]."""
-    with torch.no_grad():
-        return target(input_ids=torch.arange(V)[:, None]).logits[:, 0].argmax(-1)
-
-def export_sglang(out: Path, draft: Eagle3Draft, *, layer_ids=LAYER_IDS, **config_edits) -> Path:
-    config = formats.sglang_config(draft.cfg.to_dict(), layer_ids=layer_ids, max_position_embeddings=512,
-                                   dtype="float32")
-    config.update(config_edits)
-    return formats.write_engine_dir(out, "sglang", draft.state_dict(), config, dtype="float32")
-
-def variant(world, name: str, *, rename=None, drop=(), edit=None, **config_edits) -> Path:
-    """The healthy export with one thing wrong (weights renamed / dropped / edited, config fields edited)."""
-    src, out = world["healthy"], world["export"] / name
-    out.mkdir()
-    tensors = {(rename(k) if rename else k): v for k, v in load_file(str(src / "model.safetensors")).items()
-               if k not in drop}
-    if edit:
-        edit(tensors)
-    save_file(tensors, str(out / "model.safetensors"))
-    config = json.loads((src / "config.json").read_text())
-    for key, value in config_edits.items():
-        if key == "eagle_ids":
-            config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = value
-        else:
-            config[key] = value
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    return out
-
-def misalign_d2t(tensors: dict[str, torch.Tensor]) -> None:
-    ids = torch.arange(len(tensors["d2t"])) + tensors["d2t"]
-    tensors["d2t"] = torch.roll(ids, 1) - torch.arange(len(ids))
-
+# --- the world: target, healthy export, broken variants (builders in tests/builders.py) ----------------
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):

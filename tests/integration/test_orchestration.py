@@ -3,8 +3,8 @@
 
 In file order (they share the stack and its store, so later tests reuse earlier artifacts):
 1. a run exits 0 and `production` points at the drafter it built; its report and metrics table exist;
-2. zero acceptance forced by a server started with the EAGLE flag: the run fails, `production` stays,
-   and the report names F1;
+2. zero acceptance forced by a server started with the EAGLE flag: the gate records τ ≤ 1.1 and F1, the
+   run fails, `production` stays, and the report names F1;
 3. a run that failed at the benchmark, retried, re-runs only the benchmark and what follows
    (earlier steps show as Cached);
 4. a CUDA-graph hang at server start (F6) is retried without graphs and recorded in the report.
@@ -107,17 +107,37 @@ def report_markdown(stack) -> str:
     return str(found[0].data)
 
 
-def progress_artifacts(stack) -> dict[str, float]:
-    """bar name → the furthest any of its progress artifacts on the server got (percent)."""
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
+def progress_artifacts(stack, flow_run_id: UUID) -> dict[str, float]:
+    """bar name → the furthest any progress artifact of this pipeline run's child runs got (percent)."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterType,
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+    )
 
     with client(stack) as c:
-        arts = c.read_artifacts(artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress"])))
+        children = c.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+        arts = c.read_artifacts(artifact_filter=ArtifactFilter(
+            type=ArtifactFilterType(any_=["progress"]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in children])))
     best: dict[str, float] = {}
     for a in arts:
         name = str(a.description).split(":")[0]
         best[name] = max(best.get(name, 0.0), float(a.data))
     return best
+
+
+def gate_decisions(stack, spec_url: str) -> list[dict]:
+    """The gate's recorded decisions for the benchmarks of the server at `spec_url` (verdict, τ, reasons)."""
+    store = open_store(stack.store_uri)
+    found = [store.manifest("gate", g) for g in store.list("gate")]
+    return [{"verdict": m.meta["verdict"], "tau": m.meta["candidate"]["tau"], "reasons": m.meta["reasons"],
+             "diagnosis": [f"{f['id']} {f['status']}: {f['evidence']}" for f in m.meta["diagnosis"]
+                           if f["status"] == "fail"]}
+            for m in found if m.config.get("spec_url") == spec_url]
 
 
 def start_reference_server(stack, port: int, algorithm: str):
@@ -155,7 +175,7 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     report = report_markdown(prefect_stack)
     assert "**promote**" in report and exports[0] in report and "data:image/png;base64," in report
     # the long steps showed progress in the UI, and it reached 100 %
-    progress = progress_artifacts(prefect_stack)
+    progress = progress_artifacts(prefect_stack, run_id)
     for step in ("datagen", "extract", "train"):
         assert progress.get(step) == 100.0, progress
 
@@ -165,11 +185,18 @@ def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
     before = store.get_alias("production")
     port = free_port()
     server = start_reference_server(prefect_stack, port, "EAGLE")
+    spec_url = f"http://127.0.0.1:{port}"
     try:
-        code, run_id, out = run_pipeline(prefect_stack, f"spec_url=http://127.0.0.1:{port}")
+        code, run_id, out = run_pipeline(prefect_stack, f"spec_url={spec_url}")
     finally:
         server.stop()
-    assert code != 0, out[-3000:]
+    # judged on what the gate recorded: the production export behind an EAGLE server serves τ ≈ 1.00
+    # (SGLang skips fc and swaps in the target's head), the gate calls it zero acceptance and names F1
+    decisions = gate_decisions(prefect_stack, spec_url)
+    assert [d["verdict"] for d in decisions] == ["zero-acceptance"], (decisions, before)
+    assert decisions[0]["tau"] <= 1.1, decisions
+    assert any(d.startswith("F1 fail") for d in decisions[0]["diagnosis"]), decisions
+    assert code != 0, (decisions, out[-2000:])
     assert store.get_alias("production") == before
     report = report_markdown(prefect_stack)
     assert "**zero-acceptance**" in report

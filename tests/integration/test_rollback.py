@@ -47,8 +47,13 @@ def test_a_failure_inside_the_transaction_restores_both_aliases(api, store):
     from flows.gate import promote_in_transaction
 
     before = store.get_alias("production")
-    # the export to promote is damaged after it was written: confirm_production's verify fails
-    Path(store.uri.removeprefix("file://"), "artifacts/export/b000000000000002/sglang/config.json").write_text("x")
+    # the export to promote is damaged after it was written, one byte flipped so the size still matches:
+    # only confirm_production's sha256 check can catch it
+    damaged = Path(store.uri.removeprefix("file://"), "artifacts/export/b000000000000002/sglang/config.json")
+    data = bytearray(damaged.read_bytes())
+    data[0] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    assert damaged.stat().st_size == store.manifest("export", "b000000000000002").file("sglang/config.json")["size"]
 
     @flow
     def promote_damaged() -> None:

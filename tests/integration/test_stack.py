@@ -8,22 +8,23 @@
 5. `eaglenest stack register --all` registers the docker and kubernetes deployments against their pool
    templates (the server validates their job variables); they render, with the real worker classes, into GPU requests;
 6. for an s3:// store the result storage is a prefect-aws S3Bucket that writes into the store's bucket
-   through its endpoint (a moto server on 127.0.0.1), with no keys saved in the block.
+   through its endpoint (the `s3_endpoint` moto server on 127.0.0.1), with no keys saved in the block.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 from flows.stack import save_result_storage
 from steps.store import open_store
+from tests.conftest import S3_BUCKET
 
 pytestmark = pytest.mark.slow
 
@@ -131,33 +132,21 @@ def test_container_deployments_register_against_their_pools_and_render_gpu_reque
     assert serve.env["PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK"] == "s3-bucket/eaglenest-results"
 
 
-def test_an_s3_store_gets_an_s3_result_block_writing_into_its_bucket(prefect_stack, monkeypatch, tmp_path):
+def test_an_s3_store_gets_an_s3_result_block_writing_into_its_bucket(prefect_stack, s3_endpoint, monkeypatch,
+                                                                      tmp_path):
     import boto3
-    from moto.server import ThreadedMotoServer
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_aws import S3Bucket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp_path / "none"),
-                        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "NO_PROXY": "127.0.0.1",
-                        "EAGLENEST_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
-        s3.create_bucket(Bucket="eaglenest-results-test")
-        with temporary_settings(updates={PREFECT_API_URL: prefect_stack.api_url}):
-            slug = save_result_storage("s3://eaglenest-results-test/runs", tmp_path, name="s3-results-test")
-            block = S3Bucket.load("s3-results-test")
-            block.write_path("probe", b"persisted")
-        assert slug == "s3-bucket/s3-results-test"
-        assert block.credentials.aws_access_key_id is None and block.credentials.aws_secret_access_key is None
-        body = s3.get_object(Bucket="eaglenest-results-test", Key="runs/prefect-results/probe")["Body"].read()
-        assert body == b"persisted"
-    finally:
-        server.stop()
+    # save_result_storage reads the store's endpoint from the environment, as it does in a worker or the CLI
+    monkeypatch.setenv("EAGLENEST_S3_ENDPOINT_URL", s3_endpoint)
+    prefix = uuid.uuid4().hex  # the store: a fresh prefix of the shared bucket
+    with temporary_settings(updates={PREFECT_API_URL: prefect_stack.api_url}):
+        slug = save_result_storage(f"s3://{S3_BUCKET}/{prefix}", tmp_path, name="s3-results-test")
+        block = S3Bucket.load("s3-results-test")
+        block.write_path("probe", b"persisted")
+    assert slug == "s3-bucket/s3-results-test"
+    assert block.credentials.aws_access_key_id is None and block.credentials.aws_secret_access_key is None
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    body = s3.get_object(Bucket=S3_BUCKET, Key=f"{prefix}/prefect-results/probe")["Body"].read()
+    assert body == b"persisted"

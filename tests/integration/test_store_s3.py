@@ -1,56 +1,22 @@
-"""steps/store.py over s3:// against a real S3 protocol peer: moto's server on 127.0.0.1, spoken
-to over HTTP through boto3's `endpoint_url` (no in-process mocks). The behaviour is the same
-`StoreContract` that tests/unit/test_store.py runs over file://; S3-only checks follow it.
+"""steps/store.py over s3:// against a real S3 protocol peer: moto's server on 127.0.0.1 (the
+`s3_endpoint` fixture in tests/conftest.py), spoken to over HTTP through boto3's `endpoint_url` (no
+in-process mocks). The behaviour is the same `StoreContract` (tests/store_contract.py) that
+tests/unit/test_store.py runs over file://; S3-only checks follow it.
 """
 
 from __future__ import annotations
 
-import socket
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 
-from tests.unit.test_store import StoreContract, write_artifact
+from steps.store import ArtifactError, S3Backend, Store, open_store
+from tests.conftest import S3_BUCKET as BUCKET
 
-boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
-
-from steps.store import ArtifactError, S3Backend, Store, open_store  # noqa: E402
-
-BUCKET = "eaglenest-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A moto S3 server on a free local port with one bucket; AWS settings isolated to it."""
-    mp = pytest.MonkeyPatch()
-    no_files = tmp_path_factory.mktemp("aws") / "none"
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(no_files),
-                        "AWS_SHARED_CREDENTIALS_FILE": str(no_files), "NO_PROXY": "127.0.0.1",
-                        "no_proxy": "127.0.0.1"}.items():
-        mp.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                 "EAGLENEST_S3_ENDPOINT_URL"):
-        mp.delenv(name, raising=False)
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-    try:
-        yield endpoint
-    finally:
-        server.stop()
-        mp.undo()
+pytest.register_assert_rewrite("tests.store_contract")  # before the import: failed contract asserts show values
+from tests.store_contract import StoreContract, write_artifact  # noqa: E402
 
 
 def s3_store(endpoint: str, cache: Path, prefix: str | None = None) -> Store:

@@ -1,6 +1,6 @@
 """`eaglenest convert`: SGLang/official ↔ speculators layouts, faithful or refused, never half-written.
 
-Source layouts are built by tests/unit/test_doctor.py's builders (their sources are cited there).
+Source layouts are built by tests/builders.py's checkpoint-layout builders (their sources are cited there).
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ import torch
 from safetensors.torch import load_file
 
 from steps import convert, doctor, formats
-from tests.unit.test_doctor import LAYER_IDS, N, eagle_official, ours, specforge, speculators
+from tests.builders import (
+    LAYOUT_LAYER_IDS,
+    LAYOUT_N,
+    eagle_official_layout,
+    eaglenest_layout,
+    specforge_layout,
+    speculators_layout,
+)
+
+LAYER_IDS, N = LAYOUT_LAYER_IDS, LAYOUT_N  # the layouts' aux ids and target layers
 
 
 def tensors(path):
@@ -24,7 +33,7 @@ def config(path):
 
 
 def test_round_trip_sglang_vllm_sglang_gives_identical_tensors_and_equivalent_config(tmp_path):
-    src = ours(tmp_path, "sglang")
+    src = eaglenest_layout(tmp_path, "sglang")
     vllm = convert.convert(src, tmp_path / "v", "vllm", verifier="tiny")
     back = convert.convert(vllm, tmp_path / "s", "sglang")
     a, b = tensors(src), tensors(back)
@@ -38,16 +47,16 @@ def test_round_trip_sglang_vllm_sglang_gives_identical_tensors_and_equivalent_co
 
 
 def test_speculators_and_specforge_dirs_convert_to_a_strict_sglang_dir(tmp_path):
-    out = convert.convert(speculators(tmp_path), tmp_path / "from-spec", "sglang")
+    out = convert.convert(speculators_layout(tmp_path), tmp_path / "from-spec", "sglang")
     assert formats.check_engine_dir(out, "sglang", expect={"layer_ids": LAYER_IDS}) == []
-    out2 = convert.convert(specforge(tmp_path), tmp_path / "from-sf", "vllm", verifier="tiny",
+    out2 = convert.convert(specforge_layout(tmp_path), tmp_path / "from-sf", "vllm", verifier="tiny",
                            num_target_layers=N)
     assert config(out2)["eagle_aux_hidden_state_layer_ids"] == LAYER_IDS          # the server defaults, pinned
     assert "embed_tokens.weight" not in tensors(out2)                            # not invented
 
 
 def test_the_eagle_official_release_is_repackaged_so_doctor_passes_f7(tmp_path):
-    src = eagle_official(tmp_path)
+    src = eagle_official_layout(tmp_path)
     with pytest.raises(convert.ConvertError, match="--num-target-layers"):
         convert.convert(src, tmp_path / "x", "sglang")
     out = convert.convert(src, tmp_path / "fixed", "sglang", num_target_layers=N)
@@ -59,7 +68,7 @@ def test_the_eagle_official_release_is_repackaged_so_doctor_passes_f7(tmp_path):
 
 @pytest.mark.parametrize("flag", ["norm_before_residual", "fc_norm", "norm_before_fc"])
 def test_flags_that_cannot_be_carried_are_refused_by_name(tmp_path, flag):
-    src = speculators(tmp_path)
+    src = speculators_layout(tmp_path)
     cfg = config(src)
     cfg[flag] = True
     (src / "config.json").write_text(json.dumps(cfg))
@@ -69,17 +78,17 @@ def test_flags_that_cannot_be_carried_are_refused_by_name(tmp_path, flag):
 
 
 def test_unknown_keys_and_multi_layer_drafts_are_refused(tmp_path):
-    src = specforge(tmp_path, prefix="draft_model.")
+    src = specforge_layout(tmp_path, prefix="draft_model.")
     with pytest.raises(convert.ConvertError, match="draft_model.fc.weight"):
         convert.convert(src, tmp_path / "out", "vllm", verifier="tiny")
-    multi = specforge(tmp_path / "m", config_edit=lambda c: c.update(num_hidden_layers=2))
+    multi = specforge_layout(tmp_path / "m", config_edit=lambda c: c.update(num_hidden_layers=2))
     with pytest.raises(convert.ConvertError, match="num_hidden_layers=2"):
         convert.convert(multi, tmp_path / "out", "vllm", verifier="tiny")
     assert not (tmp_path / "out").exists()
 
 
 def test_an_existing_destination_is_never_overwritten_and_a_failed_check_leaves_nothing(tmp_path):
-    src = ours(tmp_path, "sglang")
+    src = eaglenest_layout(tmp_path, "sglang")
     (tmp_path / "taken").mkdir()
     with pytest.raises(convert.ConvertError, match="already exists"):
         convert.convert(src, tmp_path / "taken", "vllm", verifier="tiny")
@@ -89,7 +98,7 @@ def test_an_existing_destination_is_never_overwritten_and_a_failed_check_leaves_
 
 
 def test_cli_exit_codes(tmp_path, capsys):
-    src = ours(tmp_path, "sglang")
+    src = eaglenest_layout(tmp_path, "sglang")
     assert convert.main([str(src), str(tmp_path / "v"), "--to", "vllm", "--verifier", "tiny"]) == 0
     assert convert.main([str(src), str(tmp_path / "v"), "--to", "vllm", "--verifier", "tiny"]) == 1
     assert "already exists" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from flows.dataset_trigger import EVENT, check_dataset, dataset_event, list_data
 from steps.config import PromptSource
 from steps.prompts import load_source
 from steps.store import open_store
-from tests.integration.test_store_s3 import BUCKET, s3_endpoint  # noqa: F401  (the moto server fixture)
+from tests.conftest import S3_BUCKET as BUCKET  # the `s3_endpoint` moto server fixture is in tests/conftest.py
 
 URI = "s3://bucket/prefix/datasets/chats/part-1.jsonl"
 GOOD_ROWS = [{"prompt": "What is a drafter?"},
@@ -234,7 +234,7 @@ def test_the_pipelines_dataset_parameter_makes_the_upload_its_only_prompt_source
 
 
 @pytest.fixture
-def s3_store(s3_endpoint, tmp_path, monkeypatch):  # noqa: F811
+def s3_store(s3_endpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLENEST_S3_ENDPOINT_URL", s3_endpoint)
     return open_store(f"s3://{BUCKET}/{uuid.uuid4().hex}", cache_dir=tmp_path / "cache")
 

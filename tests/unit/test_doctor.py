@@ -1,20 +1,8 @@
 """`eaglenest doctor` on every layout it must read, healthy and broken, one broken checkpoint per F-row.
 
-The directories are built here, laid out the way each producer writes them (sources):
-- eaglenest `sglang/` and `vllm/`: `steps.formats.write_engine_dir` with `sglang_config` / `vllm_config`.
-- SpecForge's SGLang export: config fields of sgl-project/SpecForge@82b62f6ebe950866925384d4c90f62aa3594934f
-  `configs/llama3-70B-ealge3.json` (architectures ["LlamaForCausalLMEagle3"], model_type llama,
-  num_hidden_layers 1, draft_vocab_size, tie_word_embeddings false, torch_dtype, rope_theta, no
-  eagle_config, no target_hidden_size); keys: SpecForge's draft names (`midlayer.*`, `fc`, `norm`,
-  `lm_head`, `d2t`, `t2d`); `specforge export --to sglang` drops `embed_tokens` (shared/reference/trainers.md §6.2).
-- speculators: vllm-project/speculators@11ecdd3385ed00258b89b0de8b55a0074ced9ec4
-  `src/speculators/models/eagle3/config.py` (`Eagle3SpeculatorConfig`: speculators_model_type "eagle3",
-  architectures ["Eagle3Speculator"], transformer_layer_config, draft_vocab_size, norm_before_residual,
-  target_hidden_size, eagle_aux_hidden_state_layer_ids, embed_requires_grad) and the `midlayer.` →
-  `layers.0.` rename of `convert/eagle/eagle3_converter.py` (as cited in steps/formats.py).
-- EAGLE official (yuhuili/EAGLE3-*): SafeAILab/EAGLE `eagle/model/cnets.py` (`Model`: `embed_tokens`,
-  `fc`, `midlayer`, `norm`, `lm_head`, `d2t`/`t2d` buffers) and the released config.json with
-  architectures ["LlamaForCausalLM"] and no eagle_config (shared/reference/sglang.md §1.1, §5).
+The directories are built by tests/builders.py's checkpoint-layout builders, laid out the way each producer
+writes them (their sources are cited there): eaglenest's own `sglang/` and `vllm/` exports, SpecForge's
+SGLang export, speculators, and the EAGLE official release.
 """
 
 from __future__ import annotations
@@ -24,25 +12,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from steps import doctor, formats
-from steps.draft import DraftConfig, Eagle3Draft
+from steps import doctor
+from tests.builders import (
+    LAYOUT_H,
+    LAYOUT_LAYER_IDS,
+    LAYOUT_N,
+    LAYOUT_V,
+    LAYOUT_VD,
+    eagle_official_layout,
+    eaglenest_layout,
+    specforge_layout,
+    speculators_layout,
+)
 
-V, H, VD, N = 272, 64, 128, 8          # target vocab, hidden, draft vocab, target layers
-LAYER_IDS = [2, 4, 5]                  # internal = the defaults [2, N//2, N-3] for N = 8
-DRAFT = dict(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512, vocab_size=V, draft_vocab_size=VD,
-             target_hidden_size=H, num_aux=3)
-
-
-def canonical_state(seed: int = 0) -> dict[str, torch.Tensor]:
-    torch.manual_seed(seed)
-    draft = Eagle3Draft(DraftConfig(**DRAFT))
-    ids = torch.randperm(V)[:VD].sort().values
-    draft.d2t.copy_(ids - torch.arange(VD))
-    draft.t2d[ids] = True
-    return {k: v.detach().clone() for k, v in draft.state_dict().items()}
+V, H, VD, N, LAYER_IDS = LAYOUT_V, LAYOUT_H, LAYOUT_VD, LAYOUT_N, LAYOUT_LAYER_IDS  # the layouts' sizes and aux ids
 
 
 def target_dir(root: Path, **overrides) -> Path:
@@ -53,59 +37,6 @@ def target_dir(root: Path, **overrides) -> Path:
            "vocab_size": V, "max_position_embeddings": 512, **overrides}
     (out / "config.json").write_text(json.dumps(cfg))
     return out
-
-
-def ours(root: Path, engine: str, **build) -> Path:
-    fields = {k: v for k, v in DRAFT.items() if k != "num_aux"}
-    config = formats.CONFIG_BUILDERS[engine](
-        fields, layer_ids=build.get("layer_ids", LAYER_IDS), max_position_embeddings=512, dtype="float32",
-        verifier_name_or_path="tiny", verifier_architectures=["LlamaForCausalLM"], speculative_tokens=3)
-    return formats.write_engine_dir(root / engine, engine, canonical_state(), config, dtype="float32")
-
-
-def write_dir(path: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
-    path.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    return path
-
-
-def llama_fields() -> dict:
-    return {"hidden_act": "silu", "hidden_size": H, "intermediate_size": 128, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-            "max_position_embeddings": 512, "vocab_size": V, "tie_word_embeddings": False, "num_hidden_layers": 1}
-
-
-def specforge(root: Path, *, prefix: str = "", config_edit=None, state_edit=None) -> Path:
-    """`specforge export --to sglang`: LlamaForCausalLMEagle3 config, midlayer.* keys, no embed_tokens."""
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **llama_fields(),
-              "draft_vocab_size": VD, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
-              "pad_token_id": 0, "use_cache": True}
-    state = {k: v for k, v in canonical_state().items() if k != "embed_tokens.weight"}
-    if config_edit:
-        config_edit(config)
-    if state_edit:
-        state_edit(state)
-    return write_dir(root / "specforge", config, {prefix + k: v for k, v in state.items()})
-
-
-def speculators(root: Path) -> Path:
-    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-              "speculators_version": "0.3.0", "transformer_layer_config": {"model_type": "llama", **llama_fields()},
-              "draft_vocab_size": VD, "norm_before_residual": False, "target_hidden_size": H,
-              "eagle_aux_hidden_state_layer_ids": LAYER_IDS, "embed_requires_grad": False,
-              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                     "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]}}}
-    state = {k.replace("midlayer.", "layers.0.", 1): v for k, v in canonical_state().items()}
-    return write_dir(root / "speculators", config, state)
-
-
-def eagle_official(root: Path) -> Path:
-    """yuhuili/EAGLE3-*: a Llama config with draft_vocab_size, EAGLE's cnets.Model state dict."""
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **llama_fields(),
-              "draft_vocab_size": VD, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2}
-    return write_dir(root / "official", config, canonical_state())
 
 
 def verdicts(path: Path, **kw) -> dict[str, doctor.Finding]:
@@ -119,8 +50,8 @@ def failed(findings: dict[str, doctor.Finding]) -> set[str]:
 # --- layouts: healthy ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("build,layout", [
-    (lambda r: ours(r, "sglang"), "sglang"), (lambda r: ours(r, "vllm"), "speculators"),
-    (specforge, "sglang"), (speculators, "speculators")])
+    (lambda r: eaglenest_layout(r, "sglang"), "sglang"), (lambda r: eaglenest_layout(r, "vllm"), "speculators"),
+    (specforge_layout, "sglang"), (speculators_layout, "speculators")])
 def test_healthy_layouts_pass_every_check(tmp_path, build, layout):
     path = build(tmp_path)
     found = verdicts(path, target=target_dir(tmp_path))
@@ -130,19 +61,19 @@ def test_healthy_layouts_pass_every_check(tmp_path, build, layout):
 
 
 def test_specforge_export_without_eagle_config_is_captured_at_the_server_defaults(tmp_path):
-    found = verdicts(specforge(tmp_path), target=target_dir(tmp_path))
+    found = verdicts(specforge_layout(tmp_path), target=target_dir(tmp_path))
     assert "defaults" in found["F4"].evidence and str(LAYER_IDS) in found["F4"].evidence
 
 
 def test_the_eagle_official_release_fails_f7_with_the_repackage_fix(tmp_path):
-    found = verdicts(eagle_official(tmp_path), target=target_dir(tmp_path))
+    found = verdicts(eagle_official_layout(tmp_path), target=target_dir(tmp_path))
     assert failed(found) == {"F7"}
     assert "LlamaForCausalLM" in found["F7"].evidence and "eaglenest convert" in found["F7"].fix
     assert "--to sglang" in found["F7"].fix
 
 
 def test_layout_detection_is_a_rules_table_not_a_path_guess(tmp_path):
-    path = specforge(tmp_path)
+    path = specforge_layout(tmp_path)
     renamed = path.rename(tmp_path / "speculators-vllm-export")       # a misleading name changes nothing
     assert doctor.read_checkpoint(renamed).layout == "sglang"
     assert doctor.detect_layout({"architectures": ["MistralForCausalLM"]}, ["fc.weight"]) == "unknown"
@@ -151,7 +82,7 @@ def test_layout_detection_is_a_rules_table_not_a_path_guess(tmp_path):
 # --- one broken checkpoint per row --------------------------------------------------------------------
 
 def test_f2_a_draft_model_prefix_is_named_with_the_dropped_keys(tmp_path):
-    found = verdicts(specforge(tmp_path, prefix="draft_model."), target=target_dir(tmp_path))
+    found = verdicts(specforge_layout(tmp_path, prefix="draft_model."), target=target_dir(tmp_path))
     assert "F2" in failed(found)
     assert "draft_model." in found["F2"].evidence and "draft_model.fc.weight" in found["F2"].evidence
     assert "draft_model." in found["F2"].fix and found["F2"].fix
@@ -160,7 +91,7 @@ def test_f2_a_draft_model_prefix_is_named_with_the_dropped_keys(tmp_path):
 def test_f2_a_shape_that_disagrees_with_config_is_named(tmp_path):
     def shrink(state):
         state["fc.weight"] = state["fc.weight"][:, :2 * H]
-    found = verdicts(specforge(tmp_path, state_edit=shrink))
+    found = verdicts(specforge_layout(tmp_path, state_edit=shrink))
     assert "F2" in failed(found) and "fc.weight" in found["F2"].evidence
 
 
@@ -170,14 +101,14 @@ def test_f2_a_shape_that_disagrees_with_config_is_named(tmp_path):
     (lambda s: s.__setitem__("d2t", s["d2t"].float()), "int64"),
 ])
 def test_f3_absolute_missing_or_float_d2t_fails_f3(tmp_path, breakage, words):
-    found = verdicts(specforge(tmp_path, state_edit=breakage), target=target_dir(tmp_path))
+    found = verdicts(specforge_layout(tmp_path, state_edit=breakage), target=target_dir(tmp_path))
     assert "F3" in failed(found), str(found["F3"])
     assert words in found["F3"].evidence and found["F3"].fix
 
 
 def test_f4_ids_written_in_the_vllm_convention_into_an_sglang_dir_are_caught_against_the_manifest(tmp_path):
     export = tmp_path / "export"
-    path = ours(export, "sglang", layer_ids=[i + 1 for i in LAYER_IDS])     # SGLang reads +1: shifted by one
+    path = eaglenest_layout(export, "sglang", layer_ids=[i + 1 for i in LAYER_IDS])  # SGLang reads +1: shifted by one
     (export / "manifest.json").write_text(json.dumps({"meta": {"internal_layer_ids": LAYER_IDS}}))
     found = verdicts(path, target=target_dir(tmp_path))
     assert "F4" in failed(found)
@@ -185,18 +116,19 @@ def test_f4_ids_written_in_the_vllm_convention_into_an_sglang_dir_are_caught_aga
 
 
 def test_f4_the_last_layer_cannot_be_captured(tmp_path):
-    path = ours(tmp_path, "sglang", layer_ids=[2, 4, N])
+    path = eaglenest_layout(tmp_path, "sglang", layer_ids=[2, 4, N])
     found = verdicts(path, target=target_dir(tmp_path))
     assert "F4" in failed(found) and "cannot be captured" in found["F4"].evidence
 
 
 def test_f4_top_level_ids_in_an_sglang_dir_are_ignored_by_sglang(tmp_path):
-    found = verdicts(specforge(tmp_path, config_edit=lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 3, 4])))
+    found = verdicts(specforge_layout(tmp_path,
+                                      config_edit=lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 3, 4])))
     assert "F4" in failed(found) and "eagle_config" in found["F4"].fix
 
 
 def test_f5_a_draft_context_shorter_than_the_target_fails(tmp_path):
-    found = verdicts(specforge(tmp_path, config_edit=lambda c: c.update(max_position_embeddings=256)),
+    found = verdicts(specforge_layout(tmp_path, config_edit=lambda c: c.update(max_position_embeddings=256)),
                      target=target_dir(tmp_path, max_position_embeddings=4096))
     assert failed(found) == {"F5"}
     assert "256" in found["F5"].evidence and "4096" in found["F5"].fix
@@ -207,12 +139,12 @@ def test_f5_a_draft_context_shorter_than_the_target_fails(tmp_path):
     (lambda c: c.update(draft_vocab_size=None), "null"),
 ])
 def test_f7_missing_or_null_draft_vocab_size_fails(tmp_path, edit, words):
-    found = verdicts(specforge(tmp_path, config_edit=edit), target=target_dir(tmp_path))
+    found = verdicts(specforge_layout(tmp_path, config_edit=edit), target=target_dir(tmp_path))
     assert "F7" in failed(found) and words in found["F7"].evidence and found["F7"].fix
 
 
 def test_cli_json_has_exactly_ok_and_checks_and_exits_nonzero_on_fail(tmp_path, capsys):
-    good, bad = ours(tmp_path, "sglang"), specforge(tmp_path, prefix="draft_model.")
+    good, bad = eaglenest_layout(tmp_path, "sglang"), specforge_layout(tmp_path, prefix="draft_model.")
     assert doctor.main([str(good), "--target", str(target_dir(tmp_path)), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"ok", "checks"} and out["ok"] is True

@@ -12,7 +12,13 @@ from safetensors.torch import load_file
 
 from steps import export, formats
 from steps.store import open_store
-from tests.builders import put_random_draft, tiny_pipeline_config, tiny_target_dir
+from tests.builders import (
+    CANONICAL_DRAFT_KEYS,
+    SPECULATORS_DRAFT_KEYS,
+    put_random_draft,
+    tiny_pipeline_config,
+    tiny_target_dir,
+)
 
 V, H, VD = 272, 64, 128
 LAYER_IDS = [1, 2, 3]
@@ -51,11 +57,17 @@ def test_export_writes_both_engines_with_their_layer_ids_and_passes_the_checker(
     assert m.metrics["num_keys"] == {"sglang": 16, "vllm": 16}
     assert {f["path"] for f in m.files} == {"sglang/config.json", "sglang/model.safetensors",
                                             "vllm/config.json", "vllm/model.safetensors"}
+    # the written names against the hand-written sets (the strict checker below reads steps.formats' own tables)
+    expected_keys = {"sglang": CANONICAL_DRAFT_KEYS, "vllm": SPECULATORS_DRAFT_KEYS}
     for engine in ("sglang", "vllm"):
         path = export.export_dir(world["store"], m.id, engine)
         assert formats.check_engine_dir(path, engine, expect={"layer_ids": LAYER_IDS, "vocab_size": V}) == []
         weights = load_file(str(path / "model.safetensors"))
+        assert set(weights) == expected_keys[engine]
         assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
+        assert weights["fc.weight"].shape == (H, 3 * H) and weights["lm_head.weight"].shape == (VD, H)
+        assert weights["embed_tokens.weight"].shape == (V, H)
+        assert weights["d2t"].shape == (VD,) and weights["t2d"].shape == (V,)
     assert export.run(world["cfg"], world["store"], world["draft_id"], world["target_id"]).id == m.id
 
 

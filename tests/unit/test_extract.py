@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from steps.config import load_config
 from steps.extract import LocalBackend, SGLangBackend, extract_shard, hidden_id, main, plan_shards, run
 from steps.shards import bytes_per_token, iter_sequences, read_shard
 from steps.store import PARTIAL, open_store, sha256_file
+from tests.conftest import S3_BUCKET
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -144,29 +146,17 @@ def test_rounds_stay_under_a_fifth_of_the_total_and_cover_every_token_once(world
     assert again.created == m.created  # finished work is reused, not recomputed
 
 
-def test_rounds_on_an_s3_store_stage_in_the_cache_and_stay_under_budget(world, tmp_path, monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(k, "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        url = f"http://127.0.0.1:{server._server.server_port}"
-        store = open_store("s3://eaglenest-test/run", cache_dir=tmp_path / "cache", endpoint_url=url)
-        store.backend.client.create_bucket(Bucket="eaglenest-test")
-        _populate(store, world)
-        budget = _total_bytes(world, 300) // 5
-        m = run(_cfg("extract.shard_tokens=300", f"extract.disk_budget={budget}"), store, world["target"],
-                world["dataset"])
-        assert 0 < m.meta["peak_local_bytes"] <= budget and m.meta["rounds"] >= 5
-        assert store.backend.list(f"artifacts/hidden/{m.id}/shards/") == [
-            f"artifacts/hidden/{m.id}/{s['path']}" for s in m.meta["shards"]]
-        assert not list((tmp_path / "cache" / "extract-scratch").rglob("*.safetensors"))
-        assert _all_tokens(store, m) == [(r["input_ids"], r["loss_mask"]) for r in world["rows"]]
-    finally:
-        server.stop()
+def test_rounds_on_an_s3_store_stage_in_the_cache_and_stay_under_budget(world, tmp_path, s3_endpoint):
+    store = open_store(f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", cache_dir=tmp_path / "cache", endpoint_url=s3_endpoint)
+    _populate(store, world)
+    budget = _total_bytes(world, 300) // 5
+    m = run(_cfg("extract.shard_tokens=300", f"extract.disk_budget={budget}"), store, world["target"],
+            world["dataset"])
+    assert 0 < m.meta["peak_local_bytes"] <= budget and m.meta["rounds"] >= 5
+    assert store.backend.list(f"artifacts/hidden/{m.id}/shards/") == [
+        f"artifacts/hidden/{m.id}/{s['path']}" for s in m.meta["shards"]]
+    assert not list((tmp_path / "cache" / "extract-scratch").rglob("*.safetensors"))
+    assert _all_tokens(store, m) == [(r["input_ids"], r["loss_mask"]) for r in world["rows"]]
 
 
 # --- (b) SIGKILL mid-run, then resume -----------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from steps.config import GateConfig
 from steps.gate import benchmark_sets, decide, fix_for, regressions
 
@@ -83,3 +85,125 @@ def test_run_report_names_the_lineage_the_verdict_and_the_doctor_rows():
     assert "| True | timeout | 60 |" in md and "| False | healthy | 9 |" in md
     assert "data:image/png;base64," in md
     assert artifact_key("report", "Llama-3.1 8B") == "eagle3-report-llama-3-1-8b"
+
+
+def test_production_re_measured_below_its_own_record_is_degraded_not_current():
+    # production recorded τ 1.338 when promoted; behind a new server the same export measures 1.176:
+    # above the zero-acceptance line, below its record − 2% and below min_tau → degraded, with the numbers
+    gate = GateConfig(min_tau=1.2, min_speedup=0.2, max_regression=0.02, zero_acceptance_tau=1.1)
+    recorded = {"T=0.0 bs=1": {"tau": 1.338, "speedup": 0.40}}
+    live = {"T=0.0 bs=1": {"tau": 1.176, "speedup": 0.45}}
+    verdict, reasons = decide(gate, {"tau": 1.176, "speedup": 0.45}, live, recorded, is_champion=True)
+    assert verdict == "degraded"
+    assert "live τ 1.176 < gate.min_tau 1.2" in reasons
+    assert "T=0.0 bs=1: tau 1.176 < champion 1.338 - 2%" in reasons
+    # above min_tau but 5% under its own record: still degraded (this config's floor alone would pass it)
+    lower_floor = GateConfig(min_tau=1.1, min_speedup=0.2, max_regression=0.02, zero_acceptance_tau=1.0)
+    live = {"T=0.0 bs=1": {"tau": 1.27, "speedup": 0.45}}
+    verdict, reasons = decide(lower_floor, {"tau": 1.27, "speedup": 0.45}, live, recorded, is_champion=True)
+    assert verdict == "degraded" and reasons == ["T=0.0 bs=1: tau 1.270 < champion 1.338 - 2%"]
+
+
+def test_production_that_still_holds_is_current_even_when_its_speedup_wobbles():
+    gate = GateConfig(min_tau=1.2, min_speedup=0.2, max_regression=0.02, zero_acceptance_tau=1.1)
+    recorded = {"T=0.0 bs=1": {"tau": 1.338, "speedup": 0.40}}
+    # tokens/s on a shared machine moves more than 2%; τ of greedy decoding does not
+    noisy = {"T=0.0 bs=1": {"tau": 1.338, "speedup": 0.33}}
+    verdict, reasons = decide(gate, {"tau": 1.338, "speedup": 0.33}, noisy, recorded, is_champion=True)
+    assert verdict == "current", reasons
+    # a challenger with the same numbers is held to the champion's speedup as well
+    assert decide(gate, {"tau": 1.338, "speedup": 0.33}, noisy, recorded)[0] == "reject"
+    # below the speedup floor, production is degraded too
+    slow = {"T=0.0 bs=1": {"tau": 1.338, "speedup": 0.1}}
+    verdict, reasons = decide(gate, {"tau": 1.338, "speedup": 0.1}, slow, recorded, is_champion=True)
+    assert verdict == "degraded" and reasons == ["speedup 0.100 < gate.min_speedup 0.2"]
+    # zero acceptance stays its own verdict for production as well
+    assert decide(gate, {"tau": 1.0, "speedup": 0.3}, {}, recorded, is_champion=True)[0] == "zero-acceptance"
+
+
+# --- the step: steps.gate.run / main on a store, with real exports and the doctor --------------------------
+
+def put_benchmark(store, bench_id: str, export_id: str, *, tau: float | None, algorithm: str = "EAGLE3",
+                  spec_tps: float = 30.0, base_tps: float = 20.0) -> str:
+    """A `benchmark` artifact as steps.benchmark writes it (benchmark.json), one set T=0.0 bs=1."""
+    import json
+
+    acceptance = {} if tau is None else {"tau": tau}
+    report = {"inputs": {"export": export_id}, "servers": {
+                  "baseline": {"speculative_algorithm": None},
+                  "speculative": {"speculative_algorithm": algorithm, "speculative_num_steps": 3,
+                                  "disable_cuda_graph": False}},
+              "serve_artifacts": {},
+              "results": {"0.0": {"baseline": {"batches": {"1": {"tokens_per_s": base_tps}}},
+                                  "speculative": {"batches": {"1": {"tokens_per_s": spec_tps}},
+                                                  "acceptance": acceptance}}},
+              "metrics": {**({} if tau is None else {"tau": tau}), "speedup": spec_tps / base_tps}}
+    writer = store.begin("benchmark", bench_id, step="benchmark", inputs={"export": export_id})
+    writer.path("benchmark.json").write_text(json.dumps(report))
+    writer.commit(metrics=report["metrics"])
+    return bench_id
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from tests.builders import bigram_world, free_port
+
+    return bigram_world(tmp_path_factory.mktemp("gate"), free_port(),
+                        gate={"min_tau": 1.5, "min_speedup": 1.0})
+
+
+def test_the_step_promotes_records_the_decision_and_exits_0(world, tmp_path):
+    import json
+
+    from steps import gate
+
+    store = world["store"]
+    bench = put_benchmark(store, "b-first", world["export_id"], tau=2.4)
+    m = gate.run(world["cfg"], store, world["export_id"], world["target_id"], bench)
+    assert m.metrics == {"verdict": "promote", "tau": 2.4, "speedup": 1.5}
+    decision = json.loads(store.fetch_file("gate", m.id, "decision.json").read_text())
+    assert decision["candidate"]["sets"] == {"T=0.0 bs=1": {"tau": 2.4, "speedup": 1.5}}
+    assert decision["champion"] is None and decision["diagnosis"] == []
+    # the CLI: the same decision (the id is content-addressed: reused), exit 0 for promote
+    (tmp_path / "c.yaml").write_text(world["cfg"].model_dump_json())
+    code = gate.main(["--config", str(tmp_path / "c.yaml"), "--store", store.uri, "--export", world["export_id"],
+                      "--target", world["target_id"], "--benchmark", bench])
+    assert code == 0
+
+
+def test_production_behind_an_eagle_server_is_degraded_and_the_doctor_names_f1(world):
+    from steps import gate
+
+    store = world["store"]
+    recorded = put_benchmark(store, "b-recorded", world["export_id"], tau=2.4)
+    store.set_alias("production", "export", world["export_id"], meta={"benchmark": recorded, "tau": 2.4})
+    try:
+        live = put_benchmark(store, "b-live", world["export_id"], tau=1.8, algorithm="EAGLE")
+        m = gate.run(world["cfg"], store, world["export_id"], world["target_id"], live)
+        assert m.metrics["verdict"] == "degraded", m.meta["reasons"]
+        assert "T=0.0 bs=1: tau 1.800 < champion 2.400 - 2%" in m.meta["reasons"]
+        failed = {f["id"] for f in m.meta["diagnosis"] if f["status"] == "fail"}
+        assert "F1" in failed, m.meta["diagnosis"]
+        assert m.meta["fix"]["row"] == "F1" and m.meta["fix"]["applicable"] is True   # our server: relaunch
+        # the same measurement again: still holds its verdict (content-addressed, not re-decided)
+        assert gate.run(world["cfg"], store, world["export_id"], world["target_id"], live).id == m.id
+        # production measured as it recorded: current
+        same = put_benchmark(store, "b-same", world["export_id"], tau=2.4)
+        assert gate.run(world["cfg"], store, world["export_id"], world["target_id"], same).metrics["verdict"] \
+            == "current"
+    finally:
+        store.restore_alias("production", None)
+
+
+def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world, tmp_path):
+    from steps import gate
+
+    store = world["store"]
+    bench = put_benchmark(store, "b-no-tau", world["export_id"], tau=None, algorithm="")
+    m = gate.run(world["cfg"], store, world["export_id"], world["target_id"], bench, spec_url="http://127.0.0.1:9")
+    assert m.metrics["verdict"] == "zero-acceptance" and "no live τ" in m.meta["reasons"][0]
+    assert "F1" in {f["id"] for f in m.meta["diagnosis"] if f["status"] == "fail"}, m.meta["diagnosis"]
+    assert m.meta["fix"]["applicable"] is False                 # someone else's server: name it, don't touch it
+    (tmp_path / "c.yaml").write_text(world["cfg"].model_dump_json())
+    assert gate.main(["--config", str(tmp_path / "c.yaml"), "--store", store.uri, "--export", world["export_id"],
+                      "--target", world["target_id"], "--benchmark", bench, "--spec-url", "http://127.0.0.1:9"]) == 1

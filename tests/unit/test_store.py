@@ -1,293 +1,26 @@
 """steps/store.py over file://: manifests last, verified reads, content-addressed ids, resumable
 uploads, aliases, the bounded local cache and store-URI parsing.
 
-`StoreContract` holds the behaviour every backend must have; `TestFileStore` runs it over a
-local folder and tests/integration/test_store_s3.py runs the same class over a real S3 protocol
-server (moto's). The contract only talks to the store's public API and its backend's
-`get_bytes`/`put_bytes` (to inspect or corrupt stored objects), so it is backend-agnostic.
+`StoreContract` (tests/store_contract.py) holds the behaviour every backend must have; `TestFileStore`
+runs it over a local folder and tests/integration/test_store_s3.py runs the same class over a real S3
+protocol server (moto's).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
-import textwrap
+import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from steps.config import load_config, section_hash
-from steps.store import (
-    MANIFEST,
-    ArtifactError,
-    FileBackend,
-    LocalCache,
-    Manifest,
-    S3Backend,
-    Store,
-    artifact_id,
-    open_store,
-)
+from steps.config import load_config
+from steps.store import ArtifactError, FileBackend, LocalCache, Manifest, S3Backend, Store, artifact_id, open_store
+
+pytest.register_assert_rewrite("tests.store_contract")  # before the import: failed contract asserts show values
+from tests.store_contract import StoreContract, write_artifact  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-SECRET_ID, SECRET_KEY = "AKIAEAGLENESTSECRETID", "eaglenest/SECRET+do-not-write-me"
-
-
-class RecordingBackend:
-    """Delegates to a real backend and records which keys were uploaded with put_file."""
-
-    def __init__(self, inner: Any):
-        self.inner, self.put_files = inner, []
-
-    def put_file(self, key: str, local: Path) -> None:
-        self.put_files.append(key)
-        self.inner.put_file(key, local)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def write_artifact(store: Store, kind: str, art_id: str, files: dict[str, bytes], **kw: Any) -> Manifest:
-    w = store.begin(kind, art_id, step=kw.pop("step", "test"), **kw)
-    for rel, data in files.items():
-        w.path(rel).write_bytes(data)
-    return w.commit(metrics={"n": len(files)})
-
-
-def raw_manifest(store: Store, kind: str, art_id: str) -> dict[str, Any]:
-    raw = store.backend.get_bytes(f"{store.key(kind, art_id)}/{MANIFEST}")
-    assert raw is not None
-    return json.loads(raw)
-
-
-class StoreContract:
-    """Behaviour shared by every backend; subclasses provide a fresh, empty `store` fixture."""
-
-    # --- manifest last ------------------------------------------------------------------------------
-
-    def test_commit_writes_data_then_a_manifest_with_sizes_and_hashes(self, store: Store):
-        files = {"a.bin": b"\x00\x01" * 100, "shards/shard-00000.safetensors": os.urandom(3000)}
-        m = write_artifact(store, "hidden", "aaaa000000000001", files, inputs={"target": "t1"},
-                           config={"lr": 1e-3})
-        assert store.exists("hidden", "aaaa000000000001")
-        on_store = raw_manifest(store, "hidden", "aaaa000000000001")
-        assert on_store["files"] == m.files
-        assert [f["path"] for f in m.files] == sorted(files)
-        for f in m.files:
-            assert f["size"] == len(files[f["path"]])
-            assert f["sha256"] == hashlib.sha256(files[f["path"]]).hexdigest()
-        assert on_store["inputs"] == {"target": "t1"}
-        assert on_store["config_hash"] == section_hash({"lr": 1e-3})
-        assert on_store["code_version"].startswith("0.1.0") and on_store["created"].endswith("Z")
-        assert on_store["metrics"] == {"n": 2}
-        # no upload records survive the commit, and none is listed as a file
-        assert store.partial_files("hidden", "aaaa000000000001") == []
-        assert not [k for k in store.backend.list(store.key("hidden", "aaaa000000000001")) if ".partial" in k]
-
-    def test_writer_that_dies_before_commit_leaves_no_artifact(self, store: Store):
-        w = store.begin("dataset", "dead000000000001", step="datagen")
-        w.path("conversations/part-00000.jsonl").write_text('{"id": 1}\n')
-        w.upload("conversations/part-00000.jsonl")
-        w.path("conversations/part-00001.jsonl").write_text('{"id": 2}\n')
-        del w  # abandoned: no commit
-        assert not store.exists("dataset", "dead000000000001")
-        assert "dead000000000001" not in store.list("dataset")
-        with pytest.raises(ArtifactError) as e:
-            store.manifest("dataset", "dead000000000001")
-        assert "dataset/dead000000000001" in str(e.value) and "no manifest" in str(e.value)
-        with pytest.raises(ArtifactError):
-            store.fetch("dataset", "dead000000000001")
-
-    def test_a_killed_writer_process_leaves_no_artifact_and_its_uploads_resume(self, store: Store, tmp_path: Path):
-        endpoint = getattr(store.backend, "endpoint_url", None)
-        script = textwrap.dedent(f"""
-            import os, sys
-            sys.path.insert(0, {str(REPO)!r})
-            from steps.store import open_store
-            store = open_store({store.uri!r}, cache_dir={str(store.cache_dir)!r}, endpoint_url={endpoint!r})
-            w = store.begin("hidden", "kill000000000001", step="extract")
-            w.path("shards/shard-00000.safetensors").write_bytes(b"x" * 5000)
-            w.upload("shards/shard-00000.safetensors", delete_local=True)
-            w.path("shards/shard-00001.safetensors").write_bytes(b"half")
-            os._exit(9)
-        """)
-        proc = subprocess.run([sys.executable, "-c", script], env=os.environ.copy(), capture_output=True,
-                              text=True, timeout=60)
-        assert proc.returncode == 9, proc.stderr
-        assert not store.exists("hidden", "kill000000000001")
-        assert [r["path"] for r in store.partial_files("hidden", "kill000000000001")] == \
-            ["shards/shard-00000.safetensors"]
-        w = store.begin("hidden", "kill000000000001", step="extract")
-        assert w.has("shards/shard-00000.safetensors") and not w.has("shards/shard-00001.safetensors")
-        w.path("shards/shard-00001.safetensors").write_bytes(b"y" * 5000)
-        m = w.commit()
-        assert [f["path"] for f in m.files] == ["shards/shard-00000.safetensors", "shards/shard-00001.safetensors"]
-        d = store.fetch("hidden", "kill000000000001")
-        assert (d / "shards/shard-00000.safetensors").read_bytes() == b"x" * 5000
-
-    # --- verified reads -----------------------------------------------------------------------------
-
-    def test_a_corrupted_byte_is_caught_on_read_naming_the_file(self, store: Store):
-        data = os.urandom(4096)
-        write_artifact(store, "draft", "c0de000000000001", {"model.safetensors": data, "ok.json": b"{}"})
-        key = f"{store.key('draft', 'c0de000000000001')}/model.safetensors"
-        flipped = bytearray(store.backend.get_bytes(key))
-        flipped[1234] ^= 0xFF
-        store.backend.put_bytes(key, bytes(flipped))
-        with pytest.raises(ArtifactError) as e:
-            store.fetch("draft", "c0de000000000001")
-        assert "draft/c0de000000000001/model.safetensors" in str(e.value) and "sha256" in str(e.value)
-        assert store.fetch_file("draft", "c0de000000000001", "ok.json").read_bytes() == b"{}"
-
-    def test_a_truncated_or_deleted_file_is_caught_on_read(self, store: Store):
-        write_artifact(store, "draft", "c0de000000000002", {"a.bin": b"abcdef", "b.bin": b"ghijkl"})
-        base = store.key("draft", "c0de000000000002")
-        store.backend.put_bytes(f"{base}/a.bin", b"abc")
-        store.backend.delete(f"{base}/b.bin")
-        with pytest.raises(ArtifactError, match=r"a\.bin: size 3 != manifest 6"):
-            store.fetch_file("draft", "c0de000000000002", "a.bin")
-        with pytest.raises(ArtifactError, match=r"b\.bin: listed in the manifest but missing"):
-            store.fetch_file("draft", "c0de000000000002", "b.bin")
-        with pytest.raises(ArtifactError, match=r"a\.bin: size 3 != 6"):
-            store.verify("draft", "c0de000000000002")
-
-    def test_a_file_not_in_the_manifest_is_an_error(self, store: Store):
-        write_artifact(store, "vocab", "0000000000000001", {"vocab.safetensors": b"v"})
-        with pytest.raises(ArtifactError, match="has no file 'other.bin'"):
-            store.fetch_file("vocab", "0000000000000001", "other.bin")
-
-    def test_a_corrupt_manifest_is_a_clear_error(self, store: Store):
-        write_artifact(store, "vocab", "0000000000000002", {"vocab.safetensors": b"v"})
-        store.backend.put_bytes(f"{store.key('vocab', '0000000000000002')}/{MANIFEST}", b"{not json")
-        with pytest.raises(ArtifactError, match=r"vocab/0000000000000002/manifest\.json: manifest is not valid JSON"):
-            store.manifest("vocab", "0000000000000002")
-
-    def test_fetch_gives_a_local_directory_with_the_artifact(self, store: Store):
-        files = {"config.json": b'{"a": 1}', "sub/dir/w.bin": os.urandom(2048)}
-        write_artifact(store, "export", "e000000000000001", files)
-        d = store.fetch("export", "e000000000000001")
-        for rel, data in files.items():
-            assert (d / rel).read_bytes() == data
-        assert store.fetch("export", "e000000000000001") == d  # second fetch: same place, still verified
-
-    # --- content-addressed ids ----------------------------------------------------------------------
-
-    def test_same_config_and_inputs_find_the_finished_artifact_again(self, store: Store):
-        cfg = load_config(REPO / "configs" / "tiny.yaml")
-        inputs = {"target": "t" * 16, "dataset": "d" * 16}
-        art = artifact_id("hidden", cfg.extract, inputs)
-        write_artifact(store, "hidden", art, {"x": b"1"}, inputs=inputs, config=cfg.extract)
-        reloaded = load_config(REPO / "configs" / "tiny.yaml")
-        again = artifact_id("hidden", reloaded.extract, dict(reversed(inputs.items())))
-        assert again == art and store.exists("hidden", again)
-        changed = artifact_id("hidden", load_config(REPO / "configs" / "tiny.yaml",
-                                                    ["extract.shard_tokens=8192"]).extract, inputs)
-        assert changed != art and not store.exists("hidden", changed)
-        assert raw_manifest(store, "hidden", art)["config_hash"] == section_hash(cfg.extract)
-
-    # --- early uploads and resume -------------------------------------------------------------------
-
-    def test_early_uploads_are_seen_by_a_resumed_writer_and_not_uploaded_again(self, store: Store):
-        w = store.begin("hidden", "re00000000000001", step="extract")
-        w.path("shards/shard-00000.safetensors").write_bytes(b"a" * 1000)
-        rec = w.upload("shards/shard-00000.safetensors", delete_local=True, extra={"tokens": 7})
-        assert rec["size"] == 1000 and rec["tokens"] == 7
-        # crash; a new writer for the same id
-        store.backend = RecordingBackend(store.backend)
-        w2 = store.begin("hidden", "re00000000000001", step="extract")
-        assert w2.has("shards/shard-00000.safetensors")
-        assert w2.uploaded("shards/shard-00000.safetensors")["tokens"] == 7
-        w2.path("shards/shard-00001.safetensors").write_bytes(b"b" * 1000)
-        m = w2.commit()
-        base = store.key("hidden", "re00000000000001")
-        assert store.backend.put_files == [f"{base}/shards/shard-00001.safetensors"]
-        assert [f["path"] for f in m.files] == ["shards/shard-00000.safetensors", "shards/shard-00001.safetensors"]
-        assert set(m.files[0]) == {"path", "size", "sha256"}  # extra fields stay in the upload record
-        assert store.fetch_file("hidden", "re00000000000001", "shards/shard-00000.safetensors").read_bytes() == \
-            b"a" * 1000
-
-    def test_an_upload_record_whose_object_is_gone_is_not_trusted(self, store: Store):
-        w = store.begin("hidden", "re00000000000002", step="extract")
-        w.path("s.bin").write_bytes(b"a" * 10)
-        w.upload("s.bin", delete_local=True)
-        store.backend.delete(f"{store.key('hidden', 're00000000000002')}/s.bin")
-        assert store.partial_files("hidden", "re00000000000002") == []
-        assert not store.begin("hidden", "re00000000000002", step="extract").has("s.bin")
-
-    # --- listing ------------------------------------------------------------------------------------
-
-    def test_list_gives_only_finished_artifacts_of_one_kind(self, store: Store):
-        write_artifact(store, "draft", "b000000000000002", {"m": b"2"})
-        write_artifact(store, "draft", "a000000000000001", {"m": b"1"})
-        write_artifact(store, "vocab", "c000000000000003", {"v": b"3"})
-        w = store.begin("draft", "d000000000000004", step="train")
-        w.path("sub/manifest.json").write_text("{}")  # a data file that happens to share the name
-        w.upload("sub/manifest.json")
-        assert store.list("draft") == ["a000000000000001", "b000000000000002"]
-        assert store.list("vocab") == ["c000000000000003"]
-        assert store.list("export") == []
-
-    # --- aliases ------------------------------------------------------------------------------------
-
-    def test_aliases_move_record_the_previous_and_delete_nothing(self, store: Store):
-        write_artifact(store, "export", "1000000000000001", {"m": b"one"})
-        write_artifact(store, "export", "2000000000000002", {"m": b"two"})
-        assert store.get_alias("production") is None
-        first = store.set_alias("production", "export", "1000000000000001")
-        assert first["previous"] is None
-        second = store.set_alias("production", "export", "2000000000000002")
-        assert second["previous"] == {"kind": "export", "id": "1000000000000001"}
-        got = store.get_alias("production")
-        assert (got["kind"], got["id"], got["previous"]["id"]) == ("export", "2000000000000002", "1000000000000001")
-        # rollback is just another move
-        back = store.set_alias("production", "export", "1000000000000001")
-        assert back["previous"]["id"] == "2000000000000002"
-        for art in ("1000000000000001", "2000000000000002"):
-            assert store.exists("export", art)
-            store.verify("export", art)
-
-    def test_alias_meta_is_kept_and_a_record_restores_exactly(self, store: Store):
-        write_artifact(store, "export", "1000000000000001", {"m": b"one"})
-        write_artifact(store, "export", "2000000000000002", {"m": b"two"})
-        assert store.set_alias("production", "export", "1000000000000001", meta={"tau": 2.0})["meta"] == {"tau": 2.0}
-        saved = store.get_alias("production")
-        store.set_alias("production", "export", "2000000000000002", meta={"flow_run_id": "r"})
-        store.restore_alias("production", saved)
-        assert store.get_alias("production") == saved
-        store.restore_alias("production", None)           # "did not exist" restores to absent
-        assert store.get_alias("production") is None
-
-    def test_alias_to_a_missing_artifact_is_refused(self, store: Store):
-        write_artifact(store, "export", "1000000000000001", {"m": b"one"})
-        store.set_alias("production", "export", "1000000000000001")
-        with pytest.raises(ArtifactError, match="export/ffffffffffffffff does not exist"):
-            store.set_alias("production", "export", "ffffffffffffffff")
-        assert store.get_alias("production")["id"] == "1000000000000001"
-
-    # --- credentials --------------------------------------------------------------------------------
-
-    def test_credentials_never_appear_in_manifests_or_records(self, store: Store, monkeypatch: pytest.MonkeyPatch):
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", SECRET_ID)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        fresh = open_store(store.uri, cache_dir=store.cache_dir,
-                           endpoint_url=getattr(store.backend, "endpoint_url", None))
-        w = fresh.begin("hidden", "5ec0000000000001", step="extract", config={"backend": "local"})
-        w.path("a.bin").write_bytes(b"a")
-        w.upload("a.bin")
-        sidecars = [fresh.backend.get_bytes(k) for k in fresh.backend.list(fresh.key("hidden", "5ec0000000000001"))
-                    if ".partial" in k]
-        assert sidecars
-        w.commit(meta={"store": fresh.uri})
-        fresh.set_alias("production", "hidden", "5ec0000000000001")
-        texts = [fresh.backend.get_bytes(f"{fresh.key('hidden', '5ec0000000000001')}/{MANIFEST}"),
-                 fresh.backend.get_bytes("aliases/production.json"), *sidecars]
-        for text in texts:
-            assert SECRET_ID.encode() not in text and SECRET_KEY.encode() not in text
-            assert b"SECRET" not in text
 
 
 class TestFileStore(StoreContract):
@@ -386,6 +119,19 @@ def test_store_uri_defaults_to_the_environment(tmp_path: Path, monkeypatch: pyte
     store = open_store()
     assert store.backend.root == tmp_path / "from-env"
     assert store.cache_dir == tmp_path / "cache-env"
+
+
+def test_without_eaglenest_cache_each_store_gets_its_own_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # two stores on one machine (make demo in two clones, the tests beside a demo) never share scratch;
+    # the same store opened twice (relative or absolute spelling) finds its own again
+    monkeypatch.delenv("EAGLENEST_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    a, b = open_store("file://out/a"), open_store("file://out/b")
+    assert a.cache_dir != b.cache_dir
+    assert a.cache_dir.parent == b.cache_dir.parent == Path(tempfile.gettempdir()) / "eaglenest-cache"
+    assert open_store(f"file://{tmp_path}/out/a").cache_dir == a.cache_dir
+    s3 = open_store("s3://bucket/a", endpoint_url="http://127.0.0.1:9")
+    assert s3.cache_dir not in (a.cache_dir, open_store("s3://bucket/b", endpoint_url="http://127.0.0.1:9").cache_dir)
 
 
 def test_s3_uri_gives_bucket_prefix_and_endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

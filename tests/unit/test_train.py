@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from steps.train import (
     run,
     ttt_mask,
 )
+from tests.conftest import S3_BUCKET
 
 LAYER_IDS = [1, 2, 3]
 SEQS_PER_SHARD, SHARDS, PROMPT, ANSWER = 16, 3, 6, 26
@@ -161,23 +163,16 @@ def test_an_interrupted_run_resumes_to_the_same_weights(source, tmp_path):
     assert [json.loads(line)["step"] for line in log] == list(range(full.metrics["steps"]))
 
 
-def test_every_shard_is_read_through_a_cache_smaller_than_the_data(source, tmp_path, monkeypatch):
-    """An S3 store (moto's in-process S3): shards are downloaded into a cache holding about one shard."""
-    moto = pytest.importorskip("moto")
-    for k, v in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
+def test_every_shard_is_read_through_a_cache_smaller_than_the_data(source, tmp_path, s3_endpoint):
+    """An S3 store (moto's server on 127.0.0.1): shards are downloaded into a cache holding about one shard."""
     root, ids = source
-    with moto.mock_aws():
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="eaglenest-test")
-        store = open_store("s3://eaglenest-test/store", cache_dir=tmp_path / "cache")
-        for p in root.rglob("*"):
-            if p.is_file():
-                store.backend.put_file(str(p.relative_to(root)), p)
-        shard_bytes = max(f["size"] for f in store.manifest("hidden", ids["hidden_id"]).files)
-        budget = int(1.5 * shard_bytes)
-        m = run(config(epochs=2, cache_budget=budget), store, **ids)
+    store = open_store(f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", cache_dir=tmp_path / "cache", endpoint_url=s3_endpoint)
+    for p in root.rglob("*"):
+        if p.is_file():
+            store.backend.put_file(str(p.relative_to(root)), p)
+    shard_bytes = max(f["size"] for f in store.manifest("hidden", ids["hidden_id"]).files)
+    budget = int(1.5 * shard_bytes)
+    m = run(config(epochs=2, cache_budget=budget), store, **ids)
     assert m.metrics["shards_read"] == m.metrics["shards_total"] == SHARDS
     assert 0 < m.metrics["cache_peak_bytes"] <= budget < SHARDS * shard_bytes
     left = list((tmp_path / "cache/hidden").rglob("*.safetensors"))

@@ -1,6 +1,8 @@
 """Verify: offline τ of the exported SGLang directory with the reference engine, end to end on tiny artifacts.
 
-The world is the one of tests/unit/test_export.py (tests/builders.py), exported once per module.
+`world` is the one of tests/unit/test_export.py (a random draft; tests/builders.py), exported once per
+module. `copying_world` is the bigram target and its copying draft (tests/builders.py), whose τ is worked
+out by hand from the target's bigram map, so the measured τ is checked against a number, not a range.
 """
 
 from __future__ import annotations
@@ -8,11 +10,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from steps import export, verify
 from steps.engine import Engine
 from steps.store import open_store
-from tests.builders import put_random_draft, tiny_pipeline_config, tiny_target_dir
+from tests.builders import bigram_world, free_port, put_random_draft, tiny_pipeline_config, tiny_target_dir
 
 V, H, VD = 272, 64, 128
 LAYER_IDS = [1, 2, 3]
@@ -37,16 +40,52 @@ def test_verify_reports_offline_tau_and_speed_for_the_exported_sglang_dir(world)
     m = verify.run(world["cfg"], world["store"], world["export_id"], world["target_id"])
     k = world["cfg"].verify.num_steps
     assert m.kind == "verify" and m.inputs == {"export": world["export_id"], "target": world["target_id"]}
-    assert m.metrics["mismatches"] == 0 and m.metrics["prompts"] == 2
-    assert 1.0 <= m.metrics["acceptance_length"] <= k + 1
-    assert len(m.metrics["per_position_acceptance"]) == k
-    assert sum(m.metrics["accept_histogram"]) == m.metrics["verify_steps"] > 0
+    assert m.metrics["mismatches"] == 0 and m.metrics["prompts"] == 2 and m.metrics["num_steps"] == k
     assert m.metrics["spec_tokens_per_s"] > 0 and m.metrics["plain_tokens_per_s"] > 0 and m.metrics["speedup"] > 0
     assert m.meta["layer_ids"] == LAYER_IDS and m.meta["dropped_keys"] == [] and m.meta["missing_params"] == []
     report = json.loads(world["store"].fetch_file("verify", m.id, "report.json").read_text())
     assert [r["match"] for r in report["prompts"]] == [True, True]
     assert report["load_report"]["embed_from_target"] is True
     assert verify.run(world["cfg"], world["store"], world["export_id"], world["target_id"]).id == m.id
+
+
+@pytest.fixture(scope="module")
+def copying_world(tmp_path_factory):
+    return bigram_world(tmp_path_factory.mktemp("verify-copying"), free_port())
+
+
+def test_verify_measures_the_tau_worked_out_by_hand_for_the_copying_draft(copying_world):
+    """The bigram target ignores context, so its greedy output is the path x -> B(x) from the prompt's last
+    token; every held-out prompt ends with the same token ("\n" of "<|im_start|>assistant\n").
+
+    Fixture facts (checked first): that path is nl -> y1 -> y2 -> y3 -> f with f = B(f), no eos on it.
+    The copying draft's d_1 = B(x[n]) is always right and its chain repeats d_1, so a round accepts all
+    k = 3 drafts if d_1 is a fixed point, else exactly 1. Per prompt (max_new_tokens 24): the prefill gives
+    y1; round 1 (x[n] = y1) accepts d_1 = y2 but not d_2 = y2 != B(y2), and adds the bonus y3: 3 tokens;
+    every later round has d_1 = f (from y3, then from f itself) and adds 4: 3 + 4·5 = 23 < 24 <= 3 + 4·6
+    -> 6 more rounds. Per prompt histogram [0, 1, 0, 6]; three prompts [0, 3, 0, 18]:
+    τ = (3·2 + 18·4) / 21 = 26/7, per-position acceptance [1, 18/21, 18/21]."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    w = copying_world
+    tok = AutoTokenizer.from_pretrained(w["target_dir"])
+    target = AutoModelForCausalLM.from_pretrained(w["target_dir"], dtype=torch.float32)
+    with torch.no_grad():
+        b = target(input_ids=torch.arange(target.config.vocab_size)[:, None]).logits[:, -1].argmax(-1).tolist()
+    last = {ids[-1] for _, ids in verify.held_out_prompts(w["cfg"], tok)}
+    assert last == {tok.convert_tokens_to_ids("Ċ")}                       # byte-level "\n"
+    path = [last.pop()]
+    for _ in range(4):
+        path.append(b[path[-1]])
+    assert len(set(path)) == 5 and b[path[-1]] == path[-1] and tok.eos_token_id not in path, path
+
+    m = verify.run(w["cfg"], w["store"], w["export_id"], w["target_id"])
+    assert m.metrics["accept_histogram"] == [0, 3, 0, 18] and m.metrics["verify_steps"] == 21
+    assert m.metrics["acceptance_length"] == pytest.approx(26 / 7, abs=1e-12)
+    assert m.metrics["per_position_acceptance"] == pytest.approx([1.0, 18 / 21, 18 / 21], abs=1e-12)
+    assert m.metrics["tokens"] == 3 * 24 and m.metrics["mismatches"] == 0
+    report = json.loads(w["store"].fetch_file("verify", m.id, "report.json").read_text())
+    assert [r["accept_histogram"] for r in report["prompts"]] == [[0, 1, 0, 6]] * 3
 
 
 def test_held_out_prompts_are_chat_templated_mtbench_first_turns(world):
