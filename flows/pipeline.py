@@ -10,10 +10,13 @@ the earlier ones show as Cached. Prefect does not fail a parent when a child run
 raises for it.
 
 After the benchmark the gate decides. Promote → move `production` inside a transaction
-(`flows/gate.py`). Zero acceptance, or production re-measured below its own record (`degraded`) →
-the gate ran the doctor; a fault this run can fix (F1, F6 on a server it launched) gets one relaunch
-of serve + benchmark; otherwise `production` stays where it was and the run fails with the diagnosis
-in its report.
+(`flows/gate.py`); the run ends Completed, named `Promoted`. A challenger that is not better ends
+`Rejected` (Completed: a normal outcome, the reasons in its message), production re-measured as it
+recorded ends `Current`. Zero acceptance, or production re-measured below its own record (`degraded`)
+→ the gate ran the doctor; a fault this run can fix (F1, F6 on a server it launched) gets one relaunch
+of serve + benchmark; otherwise `production` stays where it was and the run ends Failed with the
+diagnosis in its report (and the rollback automation looks at it). Either way the last log lines say
+the verdict, τ, speedup and where the export is.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE
 from prefect.deployments import run_deployment
+from prefect.states import Completed, Failed, State
 
 from flows import ui
 from flows.gate import current_flow_run_id, promote_in_transaction
@@ -31,15 +35,11 @@ from steps.config import find_config, load_config
 from steps.gate import DIAGNOSED
 from steps.store import open_store, store_uri_for
 
-__all__ = ["STEPS", "GateRefused", "StepRunFailed", "eagle3_pipeline", "call_step"]
+__all__ = ["STEPS", "StepRunFailed", "eagle3_pipeline", "call_step"]
 
 
 class StepRunFailed(RuntimeError):
     """A step's deployment run ended in a state other than Completed."""
-
-
-class GateRefused(RuntimeError):
-    """The gate did not promote; the message is the run report."""
 
 
 @task(name="step", task_run_name="{label}", persist_result=True, cache_policy=INPUTS + TASK_SOURCE + RUN_ID)
@@ -71,8 +71,9 @@ def dataset_overrides(dataset: str | None) -> list[str]:
 def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | None = None, store: str | None = None,
                     mode: Literal["local", "deployments"] = "local", pool: str = "local", dataset: str | None = None,
                     spec_url: str | None = None, baseline_url: str | None = None,
-                    through: Literal["verify", "gate"] = "gate") -> dict[str, dict[str, Any]]:
-    """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record."""
+                    through: Literal["verify", "gate"] = "gate") -> dict[str, dict[str, Any]] | State:
+    """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record
+    (through the gate: as the data of a final state named after the verdict)."""
     overrides = list(overrides or []) + dataset_overrides(dataset)
     cfg = load_config(find_config(config), overrides)
     store_uri = store_uri_for(store, cfg.store)
@@ -95,8 +96,7 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
 
     decision = serve_benchmark_gate(step, done, export=export, target=target, spec_url=spec_url,
                                     baseline_url=baseline_url)
-    finish(cfg.name, store_uri, done, decision, dataset)
-    return done
+    return finish(cfg.name, store_uri, done, decision, dataset)
 
 
 def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: str, target: str,
@@ -119,9 +119,19 @@ def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: 
     return decision
 
 
+#: the run's final state per gate verdict. A verdict about the draft is a normal outcome a Prefect user reads
+#: at a glance (Completed, named after it); one about serving (zero acceptance, production degraded) fails
+#: the run, which also starts the rollback automation.
+STATE_NAMES = {"promote": "Promoted", "current": "Current", "reject": "Rejected"}
+OUTCOMES = {"promote": "promoted", "current": "already in production, and it still holds",
+            "reject": "rejected: production stays",
+            "degraded": "production no longer holds its recorded numbers behind this server",
+            "zero-acceptance": "zero acceptance: production stays"}
+
+
 def finish(config_name: str, store_uri: str, done: dict[str, dict[str, Any]], decision: dict[str, Any],
-           dataset: str | None) -> None:
-    """Promote (transaction) or refuse, then publish the table and the report; raise if refused."""
+           dataset: str | None) -> State:
+    """Promote (transaction) or not, publish the table and the report, log the result; the run's final state."""
     store = open_store(store_uri)
     verdict = decision["verdict"]
     if verdict == "promote":
@@ -132,15 +142,17 @@ def finish(config_name: str, store_uri: str, done: dict[str, dict[str, Any]], de
                                 "config": config_name})
     bench = next(r for k, r in reversed(done.items()) if k.startswith("benchmark"))
     plot = store.fetch_file("benchmark", bench["id"], "benchmark.png").read_bytes()
-    outcome = {"promote": "promoted", "current": "already in production, and it still holds",
-               "degraded": "production no longer holds its recorded numbers behind this server"
-               }.get(verdict, f"refused ({verdict})")
+    result = ui.run_result(done, decision, export_uri=store.artifact_uri("export", done["export"]["id"]))
     report = ui.run_report(config_name, done, dataset=dataset, decision=decision,
-                           production=store.get_alias("production"), plot_png=plot, outcome=outcome)
+                           production=store.get_alias("production"), plot_png=plot,
+                           outcome=OUTCOMES.get(verdict, verdict), result=result)
     ui.metrics_table(done, config_name)
     ui.publish_report(config_name, report)
-    if verdict not in ("promote", "current"):
-        rows = ", ".join(sorted({f["id"] for f in decision.get("diagnosis", []) if f["status"] == "fail"}))
-        raise GateRefused(f"gate {verdict}: {'; '.join(decision['reasons'])}"
-                          + (f"; doctor: {rows}" if rows else "") + (f"; fix: {decision['fix']['how']}"
-                                                                     if decision.get("fix") else ""))
+    lines = ui.result_lines(result)
+    logger = get_run_logger()
+    for line in lines:       # the last lines of the run's log: what `prefect deployment run --watch` ends with
+        logger.info(line)
+    message = " | ".join(lines)
+    if verdict in STATE_NAMES:
+        return Completed(name=STATE_NAMES[verdict], message=message, data=done)
+    return Failed(message=message, data=done)

@@ -25,14 +25,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-url", default=None, help="benchmark this running speculative server")
     parser.add_argument("--json", action="store_true", help="print the step records as JSON")
     args = parser.parse_args(argv)
-    records = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, mode=args.mode,
-                              pool=args.pool, through=args.through, dataset=args.dataset, spec_url=args.spec_url)
+    state = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, mode=args.mode,
+                            pool=args.pool, through=args.through, dataset=args.dataset, spec_url=args.spec_url,
+                            return_state=True)
+    # a step that raised fails the run with its exception: let it surface; a gate verdict is the run's
+    # own final state, whose data are the step records and whose message is the result
+    records = state.result(raise_on_failure=False)
+    if isinstance(records, BaseException):
+        raise records
     if args.json:
-        print(json.dumps(records, indent=2))
+        print(json.dumps({"state": state.name, "message": state.message, "records": records}, indent=2))
     else:
         for name, r in records.items():
             print(f"{name:16s} {r['seconds']:8.1f} s  {r['uri']}")
-    return 0
+        print(f"{state.name}: {state.message}" if state.message else state.name)
+    return 0 if state.is_completed() else 1
 
 
 if __name__ == "__main__":

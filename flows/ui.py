@@ -62,16 +62,50 @@ def _fmt(v: Any) -> Any:
     return round(v, 4) if isinstance(v, float) else v
 
 
+def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, export_uri: str) -> dict[str, Any]:
+    """What a user wants from a finished run: the verdict and why, live and offline numbers (named as such),
+    and where the exported drafter is."""
+    candidate = decision.get("candidate") or {}
+    offline = (records.get("verify") or {}).get("metrics", {})
+    failing = [f["id"] for f in decision.get("diagnosis", []) if f["status"] == "fail"]
+    return {"verdict": decision["verdict"], "reasons": list(decision.get("reasons", [])),
+            "tau_live": candidate.get("tau"), "speedup_live": candidate.get("speedup"),
+            "tau_offline": offline.get("tau", offline.get("acceptance_length")),
+            "speedup_offline": offline.get("speedup"),
+            "export": export_uri, "sglang": f"{export_uri}/sglang", "vllm": f"{export_uri}/vllm",
+            "doctor": failing, "fix": (decision.get("fix") or {}).get("how")}
+
+
+def result_lines(result: dict[str, Any]) -> list[str]:
+    """The run's closing log lines (what `prefect deployment run --watch` ends with)."""
+    lines = [f"gate: {result['verdict']}: " + "; ".join(result["reasons"]),
+             f"τ {_num(result['tau_live'], 3)} live, {_num(result['tau_offline'], 3)} offline (reference engine, "
+             f"held-out prompts); speedup {_num(result['speedup_live'], 2, 'x')} live, "
+             f"{_num(result['speedup_offline'], 2, 'x')} offline",
+             f"draft: {result['sglang']} (SGLang), {result['vllm']} (vLLM)"]
+    if result["doctor"]:
+        lines.append(f"doctor: {', '.join(result['doctor'])} failing (docs/FAILURES.md)"
+                     + (f"; fix: {result['fix']}" if result["fix"] else ""))
+    return lines
+
+
+def _num(value: Any, digits: int, unit: str = "") -> str:
+    return "n/a" if value is None else f"{float(value):.{digits}f}{unit}"
+
+
 def run_report(config_name: str, records: dict[str, dict[str, Any]], *, dataset: str | None,
                decision: dict[str, Any] | None, production: dict[str, Any] | None, plot_png: bytes | None,
-               outcome: str) -> str:
+               outcome: str, result: dict[str, Any] | None = None) -> str:
     """The run report as markdown (also returned, so a failed run can put it in its error)."""
     lines = [f"# eagle3-pipeline `{config_name}`: {outcome}", ""]
+    if result:
+        lines += ["## Result", "", *[f"- {line}" for line in result_lines(result)], ""]
     lines += ["## Lineage", "", f"dataset source: `{dataset or 'the config dataset.sources'}`", "",
               "| step | artifact | seconds | URI |", "|---|---|---|---|"]
     lines += [f"| {n} | `{r['kind']}/{r['id']}` | {r['seconds']} | `{r['uri']}` |" for n, r in records.items()]
     if production:
-        lines += ["", f"`production` → export `{production['id']}` (τ {production.get('meta', {}).get('tau')}); "
+        recorded = _num(production.get("meta", {}).get("tau"), 3)
+        lines += ["", f"`production` → export `{production['id']}` (τ {recorded}); "
                   f"previous: `{(production.get('previous') or {}).get('id')}`"]
     if decision:
         lines += ["", f"## Gate: **{decision['verdict']}**", ""] + [f"- {r}" for r in decision["reasons"]]

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import torch
@@ -100,9 +102,58 @@ def setup(device: str = "auto", *, group: bool | None = None) -> World:
 
 
 def shutdown() -> None:
-    """Leave the process group (end of a torchrun `main()`); nothing when there is none."""
+    """Leave the process group (end of a torchrun `main()`, also on the way out of an exception);
+    nothing when there is none. On return no gloo worker thread is still finishing a collective."""
     if dist.is_initialized():
         dist.destroy_process_group()
+        _wait_for_gloo_workers()
+
+
+#: gloo's collective worker threads, as torch names them (`ProcessGroupGloo::runLoop`).
+_GLOO_WORKER = "pt_gloo_runloop"
+
+
+def _wait_for_gloo_workers(limit_s: float = 30.0, poll_s: float = 0.01) -> None:
+    """Wait (GIL released, at most `limit_s`) until gloo's worker threads of this process are parked.
+
+    Why: destroy_process_group() only drops torch.distributed's own references; the gloo group and its
+    worker threads live on as long as anything holds it, and FSDP2 leaves holders that neither we nor
+    gc can reach (DTensor's sharding caches keep its DeviceMesh, which keeps the group). A worker thread
+    frees the last reference to a finished collective (with its tensors) only *after* waking the
+    caller, and freeing a tensor that Python has seen takes the GIL. When the process exits right
+    after a collective (an exception or Ctrl-C between steps) and that worker has not run yet (a
+    loaded machine), it takes the GIL during interpreter finalization; CPython then ends the thread
+    with pthread_exit, whose unwinding through gloo's noexcept ~AsyncWork calls std::terminate:
+    "terminate called without an active exception", SIGABRT (torch issue #190489). So, before letting
+    the interpreter finalize, sleep until every gloo worker is asleep and has not been woken for one
+    poll (a worker waiting for the GIL gets it during our sleeps). Linux only (/proc); elsewhere, or
+    without gloo threads (NCCL, or a group that destroy did free), this returns at once."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return
+    workers = [t for t in tasks.iterdir() if _read(t / "comm").strip() == _GLOO_WORKER]
+    deadline, before = time.monotonic() + limit_s, None
+    while workers and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        now = [_thread_state(t) for t in workers]
+        if now == before and all(state in "SD" for state, *_ in now):
+            return
+        before = now
+
+
+def _thread_state(task: Path) -> tuple[str, str, str]:
+    """(state letter, voluntary and involuntary context switches so far) of one thread; a thread
+    that has ended reads as asleep."""
+    fields = {k: v.strip() for k, _, v in (line.partition(":") for line in _read(task / "status").splitlines())}
+    return (fields.get("State", "S")[:1] or "S", fields.get("voluntary_ctxt_switches", ""),
+            fields.get("nonvoluntary_ctxt_switches", ""))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:                                     # the thread ended meanwhile
+        return ""
 
 
 # --- collectives (no-ops for one process) ------------------------------------------------------------

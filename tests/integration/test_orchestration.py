@@ -2,7 +2,9 @@
 `prefect server start` and a process worker (the `prefect_stack` fixture), every step its own deployment run.
 
 In file order (they share the stack and its store, so later tests reuse earlier artifacts):
-1. a run exits 0 and `production` points at the drafter it built; its report and metrics table exist;
+1. a run exits 0 and `production` points at the drafter it built; `--watch` ends with τ, speedup and the
+   draft's location; its report and metrics table exist; a challenger the gate rejects ends `Rejected`
+   (a Completed state: exit 0, no traceback) and leaves production alone;
 2. zero acceptance forced by a server started with the EAGLE flag: the gate records τ ≤ 1.1 and F1, the
    run fails, `production` stays, and the report names F1;
 3. a run that failed at the benchmark, retried, re-runs only the benchmark and what follows
@@ -168,6 +170,12 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     production = store.get_alias("production")
     assert production["id"] == exports[0] and production["meta"]["flow_run_id"] == str(run_id)
     assert production["meta"]["tau"] > 1.1
+    # where the user looks: `--watch` ends with the verdict, τ, speedup and the draft's locations
+    export_uri = store.artifact_uri("export", exports[0])
+    tail = out[out.index("gate: promote"):] if "gate: promote" in out else out[-3000:]
+    assert f"τ {production['meta']['tau']:.3f} live" in tail, tail
+    assert f"draft: {export_uri}/sglang (SGLang), {export_uri}/vllm (vLLM)" in tail, tail
+    assert "finished successfully in 'Promoted'" in tail, tail
     children = child_runs(prefect_stack, run_id)
     assert set(children) >= {"target", "datagen", "extract", "mapping", "train", "export", "verify", "serve",
                              "benchmark", "gate"}, children
@@ -178,6 +186,21 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     progress = progress_artifacts(prefect_stack, run_id)
     for step in ("datagen", "extract", "train"):
         assert progress.get(step) == 100.0, progress
+
+
+def test_a_challenger_the_gate_rejects_ends_rejected_not_failed(prefect_stack):
+    store = open_store(prefect_stack.store_uri)
+    before = store.get_alias("production")
+    # another draft (one more epoch) held to a floor no tiny draft reaches: a normal "no", not an error
+    code, run_id, out = run_pipeline(prefect_stack, "mode=local", 'overrides=["train.epochs=5", "gate.min_tau=5"]')
+    assert code == 0, out[-3000:]
+    assert "finished successfully in 'Rejected'" in out, out[-3000:]
+    assert re.search(r"gate: reject: live τ \d\.\d{3} < gate\.min_tau 5", out), out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert store.get_alias("production") == before
+    with client(prefect_stack) as c:
+        state = c.read_flow_run(run_id).state
+    assert (state.type.value, state.name) == ("COMPLETED", "Rejected") and "gate.min_tau 5" in state.message
 
 
 def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):

@@ -207,3 +207,22 @@ def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world
     (tmp_path / "c.yaml").write_text(world["cfg"].model_dump_json())
     assert gate.main(["--config", str(tmp_path / "c.yaml"), "--store", store.uri, "--export", world["export_id"],
                       "--target", world["target_id"], "--benchmark", bench, "--spec-url", "http://127.0.0.1:9"]) == 1
+
+
+def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
+    from flows.ui import result_lines, run_result
+
+    records = {"verify": {"metrics": {"acceptance_length": 1.6721311, "speedup": 0.41}}}
+    decision = {"verdict": "reject", "reasons": ["live τ 1.338 < gate.min_tau 5.0"],
+                "candidate": {"tau": 1.3380952, "speedup": 0.38}, "diagnosis": [], "fix": None}
+    result = run_result(records, decision, export_uri="file:///s/artifacts/export/e1")
+    assert result_lines(result) == [
+        "gate: reject: live τ 1.338 < gate.min_tau 5.0",
+        "τ 1.338 live, 1.672 offline (reference engine, held-out prompts); speedup 0.38x live, 0.41x offline",
+        "draft: file:///s/artifacts/export/e1/sglang (SGLang), file:///s/artifacts/export/e1/vllm (vLLM)"]
+    zero = {"verdict": "zero-acceptance", "reasons": ["live τ 1.000 ≤ 1.1"], "candidate": {"tau": 1.0},
+            "diagnosis": [{"id": "F1", "status": "fail"}, {"id": "F2", "status": "pass"}],
+            "fix": {"how": "restart with --speculative-algorithm EAGLE3"}}
+    lines = result_lines(run_result({}, zero, export_uri="s3://b/artifacts/export/e2"))
+    assert lines[1].startswith("τ 1.000 live, n/a offline") and "speedup n/a live" in lines[1]
+    assert lines[-1] == ("doctor: F1 failing (docs/FAILURES.md); fix: restart with --speculative-algorithm EAGLE3")
