@@ -22,8 +22,7 @@ UNTRAINED = ["train.max_steps=0"]
 
 def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[str, dict[str, Any]],
               store_uri: str) -> dict[str, Any]:
-    from steps.export import export_dir
-    from steps.target import target_dir
+    from steps.artifacts import export_dir, target_dir
 
     store = open_store(store_uri)
     verify, control_verify = records["verify"]["metrics"], control["verify"]["metrics"]

@@ -33,9 +33,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from steps.artifacts import load_tokenizer
 from steps.config import BenchmarkConfig, PipelineConfig, config_dict
 from steps.launch import get_json, post_json
 from steps.metrics import AcceptStats, acceptance_length_from_requests
+from steps.prompts import chat_token_ids, held_out_prompts, load_humaneval
 from steps.store import Manifest, Store, artifact_id, utc_now
 
 STEP = "benchmark"
@@ -52,14 +54,9 @@ def settings_for(cfg: PipelineConfig) -> BenchmarkConfig:
 
 def pinned_prompts(cfg: PipelineConfig, settings: BenchmarkConfig, tokenizer: Any) -> list[dict[str, Any]]:
     """verify's held-out MT-bench prompts + the first HumanEval stubs, chat-templated: a deterministic list."""
-    from steps.prompts import load_humaneval
-    from steps.verify import held_out_prompts
-
     rows = [{"id": pid, "source": "mtbench", "input_ids": ids} for pid, ids in held_out_prompts(cfg, tokenizer)]
     for p in load_humaneval()[:settings.num_code_prompts]:
-        ids = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
-        rows.append({"id": p["id"], "source": "humaneval",
-                     "input_ids": [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]})
+        rows.append({"id": p["id"], "source": "humaneval", "input_ids": chat_token_ids(tokenizer, p["messages"])})
     for r in rows:     # /v1/completions takes text: the same templated prompt, decoded
         r["text"] = tokenizer.decode(r["input_ids"])
     return rows
@@ -291,8 +288,6 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, ba
 
     `attempt` > 1 asks for a new measurement of the same export (after the gate relaunched serving).
     """
-    from steps.target import load_tokenizer
-
     settings = settings_for(cfg)
     section = {"benchmark": config_dict(settings), "serve": config_dict(cfg.serve), "verify": config_dict(cfg.verify),
                **({"attempt": attempt} if attempt > 1 else {})}

@@ -38,6 +38,7 @@ import torch
 from safetensors import safe_open
 
 from steps import formats
+from steps.checks.vocab import vocab_problem
 from steps.launch import get_json, post_json
 from steps.layers import check_capturable, default_aux_layer_ids, from_engine
 from steps.metrics import acceptance_length_from_requests
@@ -221,27 +222,6 @@ def check_vocab(ck: Checkpoint, target: dict[str, Any] | None) -> Finding:
                        "ids of the draft vocab (steps.mapping.build_vocab)")
     return Finding("F3", "pass", f"{ck.where}: d2t int64 offsets for {draft_vocab} draft ids, in [0, {vocab})"
                    + (", consistent with t2d" if t2d is not None else " (no t2d: training-only, fine)"))
-
-
-def vocab_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int, vocab: int) -> str | None:
-    if d2t.dtype != torch.int64:
-        return f"dtype {d2t.dtype}, expected int64 (a float map cannot index and loses ids above 256)"
-    if tuple(d2t.shape) != (draft_vocab,):
-        return f"shape {list(d2t.shape)}, expected [{draft_vocab}] (draft_vocab_size)"
-    ids = torch.arange(draft_vocab) + d2t
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        return (f"i + d2t[i] spans [{int(ids.min())}, {int(ids.max())}], outside [0, {vocab}): absolute target "
-                "ids stored instead of offsets")
-    if t2d is not None and t2d.dtype == torch.bool and t2d.numel() == vocab:
-        from steps.mapping import validate_vocab
-
-        try:
-            validate_vocab(d2t, t2d, vocab)
-        except ValueError as err:
-            return str(err)
-    elif len(torch.unique(ids)) != draft_vocab:
-        return "i + d2t[i] repeats target ids: not a valid offset map"
-    return None
 
 
 # --- F4: aux layers ----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from steps import formats
+from steps.artifacts import load_draft, target_config
 from steps.config import PipelineConfig, config_dict, resolve_max_position_embeddings
 from steps.layers import check_capturable, to_engine
 from steps.store import Manifest, Store, artifact_id
@@ -75,9 +76,6 @@ def write_checked(out: Path, engine: str, state: dict[str, Any], *, config: dict
 
 def run(cfg: PipelineConfig, store: Store, draft_id: str, target_id: str) -> Manifest:
     """Write and strictly check each engine's directory; no manifest if any check fails."""
-    from steps.target import target_config
-    from steps.train import load_draft
-
     section, inputs = export_section(cfg), {"draft": draft_id, "target": target_id}
     export_id = artifact_id("export", section, inputs)
     if store.exists("export", export_id):
@@ -100,15 +98,6 @@ def run(cfg: PipelineConfig, store: Store, draft_id: str, target_id: str) -> Man
     return writer.commit(metrics={"num_keys": {e: m["num_keys"] for e, m in engines.items()}},
                          meta={"engines": engines, "internal_layer_ids": layer_ids, "dtype": cfg.export.dtype,
                                "draft_max_position_embeddings": draft_fields["max_position_embeddings"]})
-
-
-def export_dir(store: Store, export_id: str, engine: str) -> Path:
-    """A verified local directory of one engine's export (`sglang` or `vllm`)."""
-    m = store.manifest("export", export_id)
-    if engine not in m.meta.get("engines", {}):
-        raise KeyError(f"export {export_id} has no {engine!r} directory; it holds {sorted(m.meta.get('engines', {}))} "
-                       "(set export.engines to include it and re-run export)")
-    return store.fetch("export", export_id) / engine
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,11 +43,10 @@ from typing import Any, Protocol
 import torch
 
 from steps import distributed, layers
+from steps.artifacts import load_target, read_conversations, target_config
 from steps.config import PipelineConfig, resolve_aux_layer_ids
-from steps.datagen import read_conversations
 from steps.shards import bytes_per_token, shard_bytes_bound, write_shard
 from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
-from steps.target import load_target, target_config
 
 log = logging.getLogger("eaglenest.extract")
 

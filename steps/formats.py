@@ -36,6 +36,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from steps.checks.vocab import validate_vocab
 from steps.layers import from_engine, to_engine
 
 ENGINES = ("sglang", "vllm")
@@ -329,6 +330,16 @@ def engine_layer_ids(config: dict[str, Any], engine: str) -> list[int] | None:
     return list(ids) if isinstance(ids, list) else None
 
 
+def sglang_layer_ids(sglang_dir: Path) -> list[int]:
+    """The layers SGLang would capture for this draft directory, internal convention (its +1 applied)."""
+    config = json.loads((Path(sglang_dir) / CONFIG_FILE).read_text())
+    ids = engine_layer_ids(config, "sglang")
+    if not ids:
+        raise ValueError(f"{Path(sglang_dir) / CONFIG_FILE}: no eagle_config.eagle_aux_hidden_state_layer_ids; "
+                         "SGLang would capture its defaults, not the trained layers (F4)")
+    return from_engine(ids, "sglang")
+
+
 def draft_shape(config: dict[str, Any], engine: str) -> DraftShape:
     """Tensor-shape numbers from an engine config.json (raises KeyError/TypeError if absent)."""
     lc = layer_config(config, engine)
@@ -509,8 +520,6 @@ def check_vocab_values(path: Path, engine: str, shape: DraftShape | None) -> lis
         return [Finding(where, f"draft id + d2t gives target ids in [{int(ids.min())}, {int(ids.max())}], outside "
                         f"[0, {shape.vocab_size}): absolute ids stored instead of offsets?", "F3")]
     if t2d is not None and t2d.dtype == torch.bool and t2d.shape == (shape.vocab_size,):
-        from steps.mapping import validate_vocab
-
         try:
             validate_vocab(d2t, t2d, shape.vocab_size)
         except ValueError as err:

@@ -30,6 +30,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from steps.artifacts import export_dir, target_dir
 from steps.config import GateConfig, PipelineConfig, config_dict
 from steps.store import Manifest, Store, artifact_id
 
@@ -122,8 +123,6 @@ def diagnose(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, 
              spec_url: str | None) -> list[dict[str, Any]]:
     """The doctor on the export and on the server that was measured (live if it still runs)."""
     from steps import doctor
-    from steps.export import export_dir
-    from steps.target import target_dir
 
     sglang_dir, tdir = export_dir(store, export_id, "sglang"), target_dir(store, target_id)
     attempts = [a for sid in report.get("serve_artifacts", {}).values()

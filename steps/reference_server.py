@@ -127,7 +127,7 @@ class Backend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from steps.engine import Engine
-        from steps.formats import load_sglang_draft
+        from steps.formats import load_sglang_draft, sglang_layer_ids
 
         a = self.args
         target = AutoModelForCausalLM.from_pretrained(a.model_path, dtype=torch.float32, use_safetensors=True,
@@ -135,8 +135,6 @@ class Backend:
         self.tokenizer = AutoTokenizer.from_pretrained(a.model_path, trust_remote_code=a.trust_remote_code)
         draft, layer_ids = None, []
         if a.speculative_algorithm:
-            from steps.verify import sglang_layer_ids
-
             check_draft_context(Path(a.speculative_draft_model_path), target.config, self.extras)
             draft, report = load_sglang_draft(a.speculative_draft_model_path, target=target)
             self.load_report = report.to_dict()

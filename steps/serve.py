@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from steps import formats
+from steps.artifacts import export_dir, target_dir
 from steps.config import PipelineConfig, TargetConfig, config_dict, find_config, load_config
 from steps.launch import (
     HEALTH_POLL_INTERVAL_S,
@@ -50,6 +51,9 @@ from steps.launch import (
     stop_process_group,
 )
 from steps.layers import check_capturable, from_engine
+from steps.metrics import acceptance_length_from_requests
+from steps.prompts import held_out_prompts
+from steps.store import artifact_id, utc_now
 
 #: how the server is started: the module SGLang documents as its entry point.
 SGLANG_LAUNCHER = ("python3", "-m", "sglang.launch_server")
@@ -338,8 +342,6 @@ def baseline_command(cmd: Sequence[str]) -> list[str]:
 
 def smoke_test(cfg: PipelineConfig, base_url: str, input_ids: list[int]) -> dict[str, Any]:
     """One /generate with the spec meta_info; live τ ≤ SMOKE_MIN_TAU raises (F1, F9)."""
-    from steps.metrics import acceptance_length_from_requests
-
     r = post_json(f"{base_url}/generate", {"input_ids": input_ids, "sampling_params": {
         "max_new_tokens": cfg.verify.max_new_tokens, "temperature": 0.0}})
     meta = r["meta_info"]
@@ -361,10 +363,6 @@ def start(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *, ba
     The caller stops it with `server.stop()`. `baseline=True` serves the target alone (no draft,
     no preflight, no smoke test) for the benchmark's no-draft comparison.
     """
-    from steps.export import export_dir
-    from steps.store import artifact_id, utc_now
-    from steps.target import target_dir
-
     tdir, draft_dir = target_dir(store, target_id), export_dir(store, export_id, "sglang")
     launcher = LAUNCHERS[cfg.serve.engine]
 
@@ -393,8 +391,6 @@ def start(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *, ba
 def _smoke_prompt(cfg: PipelineConfig, tdir: Path) -> list[int]:
     """The first held-out verify prompt, so the smoke τ is comparable with the offline τ."""
     from transformers import AutoTokenizer
-
-    from steps.verify import held_out_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(tdir, trust_remote_code=cfg.target.trust_remote_code)
     return held_out_prompts(cfg, tokenizer)[0][1]

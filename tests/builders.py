@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from steps import formats
+from steps import artifacts, formats
 from steps.config import parse_config
 from steps.draft import DraftConfig, Eagle3Draft
 from steps.store import open_store
@@ -272,7 +272,7 @@ def bigram_world(root: Path, port: int, *, num_steps: int = 3, layer_ids=LAYER_I
     draft_id = put_draft(store, copying_draft(tdir), layer_ids=layer_ids)
     export_id = export.run(cfg, store, draft_id, target_id).id
     return {"store": store, "cfg": cfg, "target_id": target_id, "export_id": export_id, "target_dir": tdir,
-            "draft_dir": export.export_dir(store, export_id, "sglang")}
+            "draft_dir": artifacts.export_dir(store, export_id, "sglang")}
 
 
 # --- checkpoint layouts: one tiny draft as each producer lays it out (doctor, convert) -------------------

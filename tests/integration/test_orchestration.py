@@ -142,8 +142,7 @@ def gate_decisions(stack, spec_url: str) -> list[dict]:
 
 def start_reference_server(stack, port: int, algorithm: str):
     """The production export served by the reference engine with a hand-typed algorithm flag."""
-    from steps.export import export_dir
-    from steps.target import target_dir
+    from steps.artifacts import export_dir, target_dir
 
     store = open_store(stack.store_uri)
     cfg = load_config(find_config("tiny"))

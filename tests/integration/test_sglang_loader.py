@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 
-from steps import doctor, export, extract, formats, mapping, target, train
+from steps import artifacts, doctor, export, extract, formats, mapping, target, train
 from steps.store import open_store
 from tests.builders import (
     CATALOGUE_LAYER_IDS,
@@ -95,8 +95,8 @@ def ours(tmp_path_factory) -> dict[str, Any]:
     vocab = mapping.run(cfg, store, dataset_id, target_id)
     draft = train.run(cfg, store, target_id, hidden.id, vocab.id)
     exported = export.run(cfg, store, draft.id, target_id)
-    return {"target": tdir, "hidden": hidden, "vocab": mapping.load_vocab(store, vocab.id), "export": exported,
-            "dir": export.export_dir(store, exported.id, "sglang")}
+    return {"target": tdir, "hidden": hidden, "vocab": artifacts.load_vocab(store, vocab.id), "export": exported,
+            "dir": artifacts.export_dir(store, exported.id, "sglang")}
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,11 @@ import urllib.request
 import pytest
 import torch
 
-from steps import serve, verify
+from steps import formats, serve
 from steps.engine import Engine
 from steps.formats import load_sglang_draft
 from steps.metrics import AcceptStats, acceptance_length_from_requests
+from steps.prompts import held_out_prompts
 from steps.reference_server import HANG_ENV
 from tests.builders import bigram_world, free_port
 
@@ -141,8 +142,8 @@ def test_speculative_output_equals_plain_output_and_live_tau_matches_offline(wor
     target = AutoModelForCausalLM.from_pretrained(world["target_dir"], dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(world["target_dir"])
     draft, _ = load_sglang_draft(world["draft_dir"], target=target)
-    engine = Engine(target, tok, draft, layer_ids=verify.sglang_layer_ids(world["draft_dir"]), num_steps=K)
-    prompts = verify.held_out_prompts(cfg, tok)
+    engine = Engine(target, tok, draft, layer_ids=formats.sglang_layer_ids(world["draft_dir"]), num_steps=K)
+    prompts = held_out_prompts(cfg, tok)
     live = [post(f"{server.base_url}/generate", {"input_ids": ids, "sampling_params":
                                                  {"max_new_tokens": cfg.verify.max_new_tokens, "temperature": 0}})
             for _, ids in prompts]
