@@ -1,7 +1,7 @@
 """Benchmark: tokens/s and live τ of the served draft against the no-draft baseline, on pinned prompts.
 
 Reads: the `export` and `target` artifacts; two servers speaking SGLang's API — started here through
-`steps.serve.start` (engine `cfg.serve.engine`: SGLang or the reference server; the baseline is the
+`steps.serving.start` (engine `cfg.serve.engine`: SGLang or the reference server; the baseline is the
 same command without the `--speculative-*` flags), or given as URLs. Prompts are pinned: the held-out
 MT-bench first turns `steps.verify` measures offline τ on (same selection, same chat template) plus
 the first HumanEval stubs, all recorded by id in the report.
@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from steps import serving
 from steps.artifacts import load_tokenizer
 from steps.config import BenchmarkConfig, PipelineConfig, config_dict
 from steps.launch import get_json, post_json
@@ -156,12 +157,10 @@ def measure_server(base_url: str, prompts: list[dict[str, Any]], settings: Bench
 def servers(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, baseline_url: str | None,
             spec_url: str | None) -> Iterator[tuple[str, str, dict[str, str]]]:
     """(baseline URL, speculative URL, serve artifact ids): given URLs are used, the others started and stopped."""
-    from steps import serve
-
     port = cfg.serve.port
     wanted = {"baseline": (baseline_url, True, port + 1), "speculative": (spec_url, False, port)}
     with ThreadPoolExecutor(max_workers=2) as pool:     # both load at once: startup dominates on a CPU
-        futures = {name: pool.submit(serve.start, cfg, store, export_id, target_id, baseline=base, port=p)
+        futures = {name: pool.submit(serving.start, cfg, store, export_id, target_id, baseline=base, port=p)
                    for name, (url, base, p) in wanted.items() if url is None}
     started, errors = {}, []
     for name, future in futures.items():

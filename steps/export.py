@@ -19,6 +19,7 @@ from typing import Any
 
 from steps import formats
 from steps.artifacts import load_draft, target_config
+from steps.checks.strict import assert_engine_dir
 from steps.config import PipelineConfig, config_dict, resolve_max_position_embeddings
 from steps.layers import check_capturable, to_engine
 from steps.store import Manifest, Store, artifact_id
@@ -69,7 +70,7 @@ def write_checked(out: Path, engine: str, state: dict[str, Any], *, config: dict
                   expect: dict[str, Any], dtype: str) -> dict[str, Any]:
     """Write one engine directory, strict-check it (raises FormatError), return its manifest meta."""
     formats.write_engine_dir(out, engine, state, config, dtype=dtype)
-    formats.assert_engine_dir(out, engine, expect=expect)
+    assert_engine_dir(out, engine, expect=expect)
     return {"layer_ids": to_engine(expect["layer_ids"], engine), "num_keys": len(formats.KEY_MAPS[engine]),
             "architectures": config["architectures"], "max_position_embeddings": expect["context_length"]}
 

@@ -33,10 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from steps.checks.vocab import validate_vocab
 from steps.layers import from_engine, to_engine
 
 ENGINES = ("sglang", "vllm")
@@ -260,7 +258,8 @@ def vllm_config(draft: dict[str, Any], *, layer_ids: list[int], max_position_emb
 CONFIG_BUILDERS = {"sglang": sglang_config, "vllm": vllm_config}
 
 
-def _engine_key(engine: str) -> dict[str, str]:
+def engine_key_map(engine: str) -> dict[str, str]:
+    """canonical name → the engine's key name; an unknown engine is an error naming the known ones."""
     if engine not in KEY_MAPS:
         raise KeyError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     return KEY_MAPS[engine]
@@ -270,7 +269,7 @@ def write_engine_dir(path: str | Path, engine: str, state_dict: dict[str, torch.
                      config: dict[str, Any], *, dtype: str) -> Path:
     """Write `config.json` + `model.safetensors` with the engine's key names: floats in `dtype`,
     d2t int64, t2d bool. Every canonical key must be present (nothing is silently left out)."""
-    key_map = _engine_key(engine)
+    key_map = engine_key_map(engine)
     missing = [k for k in CANONICAL_KEYS if k not in state_dict]
     unknown = sorted(set(state_dict) - set(CANONICAL_KEYS))
     if missing or unknown:
@@ -288,35 +287,7 @@ def write_engine_dir(path: str | Path, engine: str, state_dict: dict[str, torch.
     return out
 
 
-# --- the strict checker ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing wrong with an engine directory: where, what (expected vs got, consequence), which F-row."""
-    where: str
-    message: str
-    row: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.message}" + (f" [{self.row}]" if self.row else "")
-
-
-class FormatError(ValueError):
-    """An engine directory that would be served wrongly; the message lists every finding."""
-
-
-MISSING = object()
-
-
-def _get(cfg: dict[str, Any], dotted: str) -> Any:
-    """`a.b.c` in nested dicts, or MISSING."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return MISSING
-        node = node[part]
-    return node
-
+# --- reading engine configs ------------------------------------------------------------------------------
 
 def layer_config(config: dict[str, Any], engine: str) -> dict[str, Any]:
     """The Llama layer fields of an engine config (top level for SGLang, nested for speculators)."""
@@ -352,214 +323,6 @@ def draft_shape(config: dict[str, Any], engine: str) -> DraftShape:
                       vocab_size=int(lc["vocab_size"]), draft_vocab_size=int(config["draft_vocab_size"]),
                       target_hidden_size=int(config.get("target_hidden_size") or lc["hidden_size"]),
                       num_aux=int(num_aux))
-
-
-#: (dotted field, expected value, F-row, consequence) checked for exact equality.
-FIXED_FIELDS: dict[str, list[tuple[str, Any, str, str]]] = {
-    "sglang": [
-        ("architectures", ["LlamaForCausalLMEagle3"], "F7", "SGLang would load another class (crash at "
-         "startup on hot_token_id, or a plain Llama)"),
-        ("model_type", "llama", "F7", "SGLang builds the config class from it"),
-        ("num_hidden_layers", 1, "F7", "eaglenest drafts have one layer; more would add random layers"),
-        ("tie_word_embeddings", False, "F7", "a tied head would replace the trained lm_head by the embedding"),
-        ("eagle_config.use_aux_hidden_state", True, "F1", "false makes the target send its final hidden only"),
-    ],
-    "vllm": [
-        ("architectures", ["Eagle3Speculator"], "F7", "vLLM would not detect the speculators format"),
-        ("speculators_model_type", "eagle3", "F7", "vLLM picks the algorithm from it"),
-        ("transformer_layer_config.model_type", "llama", "F7", "the draft layer is a Llama layer"),
-        ("transformer_layer_config.num_hidden_layers", 1, "F7", "eaglenest drafts have one layer"),
-        ("transformer_layer_config.tie_word_embeddings", False, "F7", "a tied head drops the trained lm_head"),
-        ("norm_before_residual", False, "F2", "the residual would be taken after hidden_norm, unlike training"),
-        ("speculators_config.algorithm", "eagle3", "F7", "vLLM would run another algorithm"),
-        ("speculators_config.default_proposal_method", "greedy", "F7", "must name a proposal method"),
-    ],
-}
-#: fields that must exist (any value of the right type).
-REQUIRED_FIELDS: dict[str, list[tuple[str, type | tuple[type, ...]]]] = {
-    "sglang": [("draft_vocab_size", int), ("vocab_size", int), ("hidden_size", int), ("intermediate_size", int),
-               ("num_attention_heads", int), ("num_key_value_heads", int), ("head_dim", int),
-               ("rms_norm_eps", (int, float)), ("max_position_embeddings", int), ("target_hidden_size", int),
-               ("eagle_config.eagle_aux_hidden_state_layer_ids", list), ("torch_dtype", str)],
-    "vllm": [("draft_vocab_size", int), ("target_hidden_size", int), ("eagle_aux_hidden_state_layer_ids", list),
-             ("transformer_layer_config.vocab_size", int), ("transformer_layer_config.hidden_size", int),
-             ("transformer_layer_config.intermediate_size", int),
-             ("transformer_layer_config.num_attention_heads", int),
-             ("transformer_layer_config.num_key_value_heads", int), ("transformer_layer_config.head_dim", int),
-             ("transformer_layer_config.rms_norm_eps", (int, float)),
-             ("transformer_layer_config.max_position_embeddings", int),
-             ("speculators_config.proposal_methods", list), ("speculators_config.verifier.name_or_path", str),
-             ("speculators_config.verifier.architectures", list), ("speculators_version", str),
-             ("transformer_layer_config.torch_dtype", str)],
-}
-
-
-def check_config(config: dict[str, Any], engine: str, where: str) -> list[Finding]:
-    """Config fields present, typed and consistent (F1, F4, F7)."""
-    out = []
-    for dotted, typ in REQUIRED_FIELDS[engine]:
-        v = _get(config, dotted)
-        if v is MISSING or v is None:
-            row = "F7" if "draft_vocab_size" in dotted else ("F4" if "layer_ids" in dotted else "")
-            out.append(Finding(f"{where}:{dotted}", "required field is missing or null"
-                               + (" (SGLang: AttributeError at startup, or the target's head replaces the "
-                                  "draft's)" if dotted == "draft_vocab_size" else ""), row))
-        elif not isinstance(v, typ) or isinstance(v, bool):
-            out.append(Finding(f"{where}:{dotted}", f"expected {typ}, got {type(v).__name__} {v!r}", "F7"))
-    for dotted, want, row, why in FIXED_FIELDS[engine]:
-        got = _get(config, dotted)
-        if got != want:
-            got_s = "missing" if got is MISSING else repr(got)
-            out.append(Finding(f"{where}:{dotted}", f"expected {want!r}, got {got_s}: {why}", row))
-    ids = engine_layer_ids(config, engine)
-    if ids is not None and ids != sorted(set(ids)):
-        out.append(Finding(f"{where}:eagle_aux_hidden_state_layer_ids", f"{ids} must be ascending and unique "
-                           "(the engine captures in ascending order)", "F4"))
-    if engine == "vllm":
-        methods = _get(config, "speculators_config.proposal_methods")
-        if isinstance(methods, list) and not any(isinstance(m, dict) and m.get("proposal_type") == "greedy"
-                                                 and isinstance(m.get("speculative_tokens"), int)
-                                                 and m["speculative_tokens"] >= 1 for m in methods):
-            out.append(Finding(f"{where}:speculators_config.proposal_methods",
-                               f"needs a greedy method with speculative_tokens ≥ 1, got {methods!r}", "F7"))
-    return out
-
-
-def check_expectations(config: dict[str, Any], engine: str, expect: dict[str, Any], where: str) -> list[Finding]:
-    """Config values against what the pipeline knows: layer ids (internal), target vocab/hidden/context."""
-    out = []
-    lc = layer_config(config, engine)
-    if "layer_ids" in expect:
-        want, got = to_engine(list(expect["layer_ids"]), engine), engine_layer_ids(config, engine)
-        if got != want:
-            captured = from_engine(got, engine) if got else None
-            out.append(Finding(f"{where}:eagle_aux_hidden_state_layer_ids",
-                               f"expected {want} ({engine} convention of internal {list(expect['layer_ids'])}), "
-                               f"got {got} (the engine would capture internal {captured}): acceptance quietly "
-                               "lower", "F4"))
-    for key, field_name, row in (("vocab_size", "vocab_size", "F3"), ("hidden_size", "target_hidden_size", "F7"),
-                                 ("draft_vocab_size", "draft_vocab_size", "F7")):
-        if key in expect:
-            got = lc.get(field_name) if field_name == "vocab_size" else config.get(field_name)
-            if got != expect[key]:
-                out.append(Finding(f"{where}:{field_name}", f"expected {expect[key]} (target), got {got!r}", row))
-    if "context_length" in expect:
-        got = lc.get("max_position_embeddings")
-        if not isinstance(got, int) or got < int(expect["context_length"]):
-            out.append(Finding(f"{where}:max_position_embeddings",
-                               f"{got!r} is shorter than the target's context {expect['context_length']}: SGLang "
-                               "refuses to start (or an env override hides it); export sets it from the target",
-                               "F5"))
-    got_dtype = config.get("torch_dtype") or lc.get("torch_dtype")
-    if "dtype" in expect and got_dtype != expect["dtype"]:
-        out.append(Finding(f"{where}:torch_dtype", f"expected {expect['dtype']!r}, got {got_dtype!r}"))
-    return out
-
-
-def check_weights(path: Path, engine: str, shape: DraftShape | None, dtype: str | None) -> list[Finding]:
-    """Every key mapped, none unknown, none missing, shapes and dtypes right (F2, F3)."""
-    where = f"{path.name}/{WEIGHTS_FILE}"
-    to_canonical = {v: k for k, v in _engine_key(engine).items()}
-    shapes = expected_shapes(shape) if shape else {}
-    out, seen = [], set()
-    with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
-        for key in sorted(f.keys()):
-            sl = f.get_slice(key)
-            got_shape, got_dtype = tuple(sl.get_shape()), ST_DTYPES.get(sl.get_dtype(), sl.get_dtype())
-            canonical = to_canonical.get(key)
-            if canonical is None:
-                out.append(Finding(f"{where}:{key}", _unknown_key_message(key, engine), "F2"))
-                continue
-            seen.add(canonical)
-            if shapes and got_shape != shapes[canonical]:
-                out.append(Finding(f"{where}:{key}", f"shape {list(got_shape)}, expected "
-                                   f"{list(shapes[canonical])} from config.json", "F2"))
-            want_dtype = str(INDEX_DTYPES[canonical]).removeprefix("torch.") if canonical in INDEX_DTYPES else dtype
-            if want_dtype and got_dtype != want_dtype:
-                row = "F3" if canonical in INDEX_DTYPES else ""
-                why = " (d2t must be int64 offsets: a float cannot index and loses ids above 256)" \
-                    if canonical == "d2t" else ""
-                out.append(Finding(f"{where}:{key}", f"dtype {got_dtype}, expected {want_dtype}{why}", row))
-    needs_d2t = shape is None or shape.draft_vocab_size < shape.vocab_size or "d2t" in seen
-    for canonical in CANONICAL_KEYS:
-        if canonical in seen or canonical in OPTIONAL_KEYS or (canonical == "d2t" and not needs_d2t):
-            continue
-        row = "F3" if canonical == "d2t" else "F2"
-        out.append(Finding(f"{where}:{_engine_key(engine)[canonical]}", "missing: the engine keeps it "
-                           "uninitialised (or, for d2t, uses draft ids as target ids) without an error", row))
-    return out
-
-
-def _unknown_key_message(key: str, engine: str) -> str:
-    res = RESOLVERS[engine](key)
-    if res.action == "dropped":
-        return (f"not a {engine} draft key; the {engine} loader "
-                + ("drops it without a word and that weight stays random" if engine == "sglang"
-                   else "refuses it or drops it") + f"; expected one of the {len(CANONICAL_KEYS)} keys of "
-                "steps/formats.KEY_MAPS")
-    return (f"{engine} would load it as {res.canonical}, but it is not the exact name eaglenest writes "
-            f"({_engine_key(engine).get(res.canonical or '', '?')}); other versions drop it")
-
-
-def check_vocab_values(path: Path, engine: str, shape: DraftShape | None) -> list[Finding]:
-    """d2t/t2d values: offsets in range and consistent with t2d (F3; validated by steps/mapping)."""
-    if shape is None:
-        return []
-    key_map = _engine_key(engine)
-    with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
-        keys = set(f.keys())
-        if key_map["d2t"] not in keys:
-            return []
-        d2t = f.get_tensor(key_map["d2t"])
-        t2d = f.get_tensor(key_map["t2d"]) if key_map["t2d"] in keys else None
-    if d2t.dtype != torch.int64 or d2t.shape != (shape.draft_vocab_size,):
-        return []   # already reported by check_weights
-    where = f"{path.name}/{WEIGHTS_FILE}:{key_map['d2t']}"
-    ids = torch.arange(d2t.numel()) + d2t
-    if int(ids.min()) < 0 or int(ids.max()) >= shape.vocab_size:
-        return [Finding(where, f"draft id + d2t gives target ids in [{int(ids.min())}, {int(ids.max())}], outside "
-                        f"[0, {shape.vocab_size}): absolute ids stored instead of offsets?", "F3")]
-    if t2d is not None and t2d.dtype == torch.bool and t2d.shape == (shape.vocab_size,):
-        try:
-            validate_vocab(d2t, t2d, shape.vocab_size)
-        except ValueError as err:
-            return [Finding(where, str(err), "F3")]
-    return []
-
-
-def check_engine_dir(path: str | Path, engine: str, *, expect: dict[str, Any] | None = None) -> list[Finding]:
-    """Every key, shape, dtype and config field of an engine draft directory; [] when servable as trained.
-
-    `expect` (optional): `layer_ids` (internal convention), `vocab_size` / `hidden_size` /
-    `context_length` of the target, `draft_vocab_size`, `dtype`.
-    """
-    path = Path(path)
-    _engine_key(engine)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (path / name).is_file():
-            return [Finding(f"{path}/{name}", "file missing", "F2" if name == WEIGHTS_FILE else "F7")]
-    where = f"{path.name}/{CONFIG_FILE}"
-    config = json.loads((path / CONFIG_FILE).read_text())
-    findings = check_config(config, engine, where)
-    findings += check_expectations(config, engine, expect or {}, where)
-    try:
-        shape = draft_shape(config, engine)
-    except (KeyError, TypeError, ValueError):
-        shape = None        # the missing fields are reported above; shapes cannot be checked
-    dtype = config.get("torch_dtype") or layer_config(config, engine).get("torch_dtype")
-    dtype = dtype if isinstance(dtype, str) else None
-    findings += check_weights(path, engine, shape, dtype)
-    findings += check_vocab_values(path, engine, shape)
-    return findings
-
-
-def assert_engine_dir(path: str | Path, engine: str, *, expect: dict[str, Any] | None = None) -> None:
-    """`check_engine_dir`, raising FormatError listing every finding."""
-    findings = check_engine_dir(path, engine, expect=expect)
-    if findings:
-        lines = "\n".join(f"  - {f}" for f in findings)
-        raise FormatError(f"{path}: {len(findings)} problem(s) in the {engine} draft directory; "
-                          f"it would be served wrongly without an error:\n{lines}")
 
 
 # --- the lenient loader: what SGLang 0.5.23 would actually serve ------------------------------------------

@@ -89,3 +89,34 @@ def check_vocab(d2t: Tensor | None, t2d: Tensor | None, *, draft_vocab: object, 
         return Finding("F3", "fail", f"{weights_where}:d2t", problem, FIX)
     return Finding("F3", "pass", where, f"d2t int64 offsets for {draft_vocab} draft ids, in [0, {vocab})"
                    + (", consistent with t2d" if t2d is not None else " (no t2d: training-only, fine)"))
+
+
+def check_vocab_size(vocab: object, target_vocab: object, *, where: str) -> list[Finding]:
+    """F3 in a config: the draft's vocab_size is the target's (its embedding and d2t's range are the target's)."""
+    if not isinstance(target_vocab, int) or vocab == target_vocab:
+        return []
+    return [Finding("F3", "fail", f"{where}:vocab_size", f"expected {target_vocab} (the target's vocab_size), got "
+                    f"{vocab!r}", "vocab_size must be the target's vocab (embed_tokens is the target's)")]
+
+
+def vocab_findings(d2t: Tensor | None, t2d: Tensor | None, *, draft_vocab: int | None, vocab: int | None,
+                   target_vocab: int | None, where: str, config_where: str, d2t_key: str, t2d_key: str
+                   ) -> list[Finding]:
+    """F3 for the strict checker: vocab_size is the target's, d2t present when the vocab is reduced (or the
+    config is unreadable), t2d bool over the target vocab, and d2t a valid offset map."""
+    out = check_vocab_size(vocab, target_vocab, where=config_where)
+    sizes_known = isinstance(draft_vocab, int) and isinstance(vocab, int)
+    if d2t is None:
+        if not sizes_known or draft_vocab < vocab:
+            out.append(Finding("F3", "fail", f"{where}:{d2t_key}", "missing: the engine uses draft ids as target ids "
+                               "without an error", FIX))
+        return out
+    t2d_usable = t2d is not None and t2d.dtype == torch.bool and sizes_known and tuple(t2d.shape) == (vocab,)
+    if t2d is not None and not t2d_usable and sizes_known:
+        out.append(Finding("F3", "fail", f"{where}:{t2d_key}", f"{t2d.dtype} {list(t2d.shape)}, expected bool "
+                           f"[{vocab}] (the target vocab)", FIX))
+    if sizes_known:
+        problem = vocab_problem(d2t, t2d if t2d_usable else None, draft_vocab, vocab)
+        if problem:
+            out.append(Finding("F3", "fail", f"{where}:{d2t_key}", problem, FIX))
+    return out

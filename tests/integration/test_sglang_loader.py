@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 import torch
 
-from steps import artifacts, doctor, export, extract, formats, mapping, target, train
+from steps import artifacts, export, extract, formats, mapping, target, train
+from steps.checks.diagnose import diagnose
 from steps.store import open_store
 from tests.builders import (
     CATALOGUE_LAYER_IDS,
@@ -166,7 +167,7 @@ def hot_token_ids(d2t: torch.Tensor) -> list[int]:
 
 
 def doctor_rows(path: Path, target_dir: Path) -> dict[str, str]:
-    return {f.id: f.status for f in doctor.run(path, target=target_dir)}
+    return {f.id: f.status for f in diagnose(path, target=target_dir)}
 
 
 # --- the judge itself -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import socket
 import pytest
 
 from steps import benchmark, prompts
+from steps import launch as launching
 from steps.config import BenchmarkConfig
 from tests.builders import bigram_world, free_port
 
@@ -89,11 +90,10 @@ def test_report_markdown_and_png_are_written(bench):
 
 
 def test_the_servers_it_started_are_stopped_and_a_rerun_reuses_the_artifact(bench):
-    from steps import serve
 
     m = bench["manifest"]
     spec_url = m.meta["servers"]["speculative"]["url"]
-    assert serve.health_status(f"{spec_url}/health", timeout_s=2) is None
+    assert launching.health_status(f"{spec_url}/health", timeout_s=2) is None
     again = benchmark.run(bench["cfg"], bench["store"], bench["export_id"], bench["target_id"])
     assert again.id == m.id and again.created == m.created
 

@@ -11,6 +11,7 @@ import yaml
 from safetensors.torch import load_file
 
 from steps import artifacts, export, formats
+from steps.checks import strict
 from steps.store import open_store
 from tests.builders import (
     CANONICAL_DRAFT_KEYS,
@@ -61,7 +62,7 @@ def test_export_writes_both_engines_with_their_layer_ids_and_passes_the_checker(
     expected_keys = {"sglang": CANONICAL_DRAFT_KEYS, "vllm": SPECULATORS_DRAFT_KEYS}
     for engine in ("sglang", "vllm"):
         path = artifacts.export_dir(world["store"], m.id, engine)
-        assert formats.check_engine_dir(path, engine, expect={"layer_ids": LAYER_IDS, "vocab_size": V}) == []
+        assert strict.check_engine_dir(path, engine, expect={"layer_ids": LAYER_IDS, "vocab_size": V}) == []
         weights = load_file(str(path / "model.safetensors"))
         assert set(weights) == expected_keys[engine]
         assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
@@ -95,7 +96,7 @@ def test_max_position_embeddings_comes_from_the_target_context_not_the_draft(wor
 
 def test_a_draft_whose_fc_width_disagrees_with_its_layer_ids_leaves_no_artifact(world):
     bad = put_draft(world["store"], world["tdir"], num_aux=2, seed=1)       # fc reads 2 aux, ids name 3
-    with pytest.raises(formats.FormatError, match="fc.weight"):
+    with pytest.raises(strict.FormatError, match="fc.weight"):
         export.run(world["cfg"], world["store"], bad, world["target_id"])
     exported_inputs = [world["store"].manifest("export", i).inputs["draft"] for i in world["store"].list("export")]
     assert bad not in exported_inputs

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from steps import formats
+from steps.checks import strict
 from steps.draft import DraftConfig, Eagle3Draft
 from tests.builders import CANONICAL_DRAFT_KEYS, SPECULATORS_DRAFT_KEYS
 
@@ -198,8 +199,8 @@ def test_vllm_config_is_the_speculators_format_with_vllm_layer_ids(tmp_path):
 @pytest.mark.parametrize("engine", formats.ENGINES)
 def test_written_directories_pass_the_strict_checker(tmp_path, engine):
     path = write(tmp_path, engine, random_draft())
-    assert formats.check_engine_dir(path, engine, expect=EXPECT) == []
-    formats.assert_engine_dir(path, engine, expect=EXPECT)
+    assert strict.check_engine_dir(path, engine, expect=EXPECT) == []
+    strict.assert_engine_dir(path, engine, expect=EXPECT)
 
 
 def _without(key):
@@ -234,25 +235,25 @@ FAULTS = {
 def test_the_strict_checker_names_each_fault_with_its_catalogue_row(tmp_path, fault):
     change, where, row = FAULTS[fault]
     path = rewrite(write(tmp_path, "sglang", random_draft()), **change)
-    findings = formats.check_engine_dir(path, "sglang", expect=EXPECT)
-    assert any(where in f.where and f.row == row for f in findings), [str(f) for f in findings]
-    with pytest.raises(formats.FormatError, match=row):
-        formats.assert_engine_dir(path, "sglang", expect=EXPECT)
+    findings = strict.check_engine_dir(path, "sglang", expect=EXPECT)
+    assert any(where in f.where and f.id == row for f in findings), [str(f) for f in findings]
+    with pytest.raises(strict.FormatError, match=row):
+        strict.assert_engine_dir(path, "sglang", expect=EXPECT)
 
 
 def test_vllm_layer_ids_in_sglang_convention_are_caught(tmp_path):
     path = rewrite(write(tmp_path, "vllm", random_draft()),
                    config=lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 1, 2]))
-    findings = formats.check_engine_dir(path, "vllm", expect=EXPECT)
-    assert [f.row for f in findings] == ["F4"] and "internal [0, 1, 2]" in findings[0].message
+    findings = strict.check_engine_dir(path, "vllm", expect=EXPECT)
+    assert [f.id for f in findings] == ["F4"] and "internal [0, 1, 2]" in findings[0].evidence
 
 
 def test_sglang_names_in_a_vllm_directory_are_unknown_keys(tmp_path):
     path = rewrite(write(tmp_path, "vllm", random_draft()),
                    tensors=lambda t: {k.replace("layers.0.", "midlayer."): v for k, v in t.items()})
-    findings = formats.check_engine_dir(path, "vllm", expect=EXPECT)
-    assert {f.row for f in findings} == {"F2"}
-    assert sum("unknown" in f.message or "not the exact name" in f.message for f in findings) == 10
+    findings = strict.check_engine_dir(path, "vllm", expect=EXPECT)
+    assert {f.id for f in findings} == {"F2"}
+    assert sum("unknown" in f.evidence or "not the exact name" in f.evidence for f in findings) == 10
 
 
 # --- the lenient loader (SGLang's rules) -------------------------------------------------------------------
