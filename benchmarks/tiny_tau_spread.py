@@ -58,7 +58,7 @@ def run_chain(seed: int, threads: int, root: Path) -> dict:
         draft = step("train", extra, target=ids["target"], hidden=ids["hidden"], vocab=ids["vocab"])["id"]
         export = step("export", extra, draft=draft, target=ids["target"])["id"]
         verify = step("verify", extra, export=export, target=ids["target"])
-        taus[label] = verify["metrics"]["acceptance_length"]
+        taus[label] = verify["metrics"]["tau"]
         if label == "trained":
             trained_export = export
 

@@ -32,8 +32,8 @@ def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[s
         "target": load_config(find_config(cfg_name)).target.display_name,
         "target_dir": str(target_dir(store, target_id)),
         "store": store.uri,
-        "acceptance_length": verify["acceptance_length"],
-        "acceptance_length_random_draft": control_verify["acceptance_length"],
+        "acceptance_length": verify["tau"],          # the user-facing name of τ
+        "acceptance_length_random_draft": control_verify["tau"],
         "per_position_acceptance": verify["per_position_acceptance"],
         "num_steps": verify["num_steps"],
         "speedup_reference_engine": verify.get("speedup"),

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg, store = config_and_store(args)
     m = run(cfg, store, args.export, args.target)
-    print(json.dumps({"id": m.id, "tau": m.metrics["acceptance_length"], "speedup": m.metrics["speedup"]}))
+    print(json.dumps({"id": m.id, "tau": m.metrics["tau"], "speedup": m.metrics["speedup"]}))
     return 0
 
 

@@ -82,7 +82,7 @@ def test_verify_measures_the_tau_worked_out_by_hand_for_the_copying_draft(copyin
 
     m = verify.run(w["cfg"], w["store"], w["export_id"], w["target_id"])
     assert m.metrics["accept_histogram"] == [0, 3, 0, 18] and m.metrics["verify_steps"] == 21
-    assert m.metrics["acceptance_length"] == pytest.approx(26 / 7, abs=1e-12)
+    assert m.metrics["tau"] == pytest.approx(26 / 7, abs=1e-12)
     assert m.metrics["per_position_acceptance"] == pytest.approx([1.0, 18 / 21, 18 / 21], abs=1e-12)
     assert m.metrics["tokens"] == 3 * 24 and m.metrics["mismatches"] == 0
     report = json.loads(w["store"].fetch_file("verify", m.id, "report.json").read_text())
