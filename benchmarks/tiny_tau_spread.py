@@ -33,7 +33,8 @@ def run_chain(seed: int, threads: int, root: Path) -> dict:
     from flows.step_flows import run_step
     from steps.artifacts import export_dir, load_target
     from steps.engine import Engine
-    from steps.formats import load_sglang_draft, sglang_layer_ids
+    from steps.formats.sglang import sglang_layer_ids
+    from steps.formats.sglang_loader import load_sglang_draft
     from steps.prompts import held_out_prompts
     from steps.store import open_store
     from steps.verify import measure

@@ -4,7 +4,7 @@ Reads: a draft directory in any layout `steps.layouts.detect_layout` knows (`sgl
 SpecForge's `LlamaForCausalLMEagle3` export; `eagle-official`: EAGLE's own `LlamaForCausalLM` +
 `midlayer.*` release; `speculators`: `Eagle3Speculator`). Writes: DST, `config.json` +
 `model.safetensors` only, in the target engine's exact key set and config (the builders of
-`steps/formats.py`), then runs the strict checker on it. Prevents F2 (key renames `midlayer.*` ↔
+`steps/formats/`), then runs the strict checker on it. Prevents F2 (key renames `midlayer.*` ↔
 `layers.0.*` done by a table, never left to the loader), F4 (aux layer ids converted through
 `steps/layers.py`: SGLang `eagle_config` ids = internal − 1, vLLM top-level ids = internal) and F7
 (`LlamaForCausalLMEagle3` / `draft_vocab_size` written explicitly; a yuhuili `LlamaForCausalLM`

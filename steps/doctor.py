@@ -9,7 +9,7 @@ check (`--json`: `{"ok", "checks": [{"id", "status", "evidence", "fix"}]}`) and 
 The layout comes from an explicit rules table over config.json and the weight keys (never from the
 path, `steps/layouts.py`). The checks are `steps/checks/` (`diagnose`); each names its catalogue row:
 - F2 every weight key lands in a parameter of the serving loader (SGLang's/vLLM's own rules,
-  `steps.formats.*_resolve`); dropped keys and their common prefix are named; shapes match config.
+  `steps/formats/<engine>.py` `resolve`); dropped keys and their common prefix are named; shapes match config.
 - F3 `d2t` present when the draft vocab is reduced, int64, offsets (not absolute ids), in range,
   consistent with `t2d` (`steps.checks.vocab.validate_vocab`).
 - F4 which aux layers the server will capture (convention per layout, `steps.layers`), capturable

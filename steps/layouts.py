@@ -4,7 +4,7 @@ Layouts: `sglang` (eaglenest's or SpecForge's `LlamaForCausalLMEagle3` export), 
 (EAGLE's own `LlamaForCausalLM` + `midlayer.*` release), `speculators` (`Eagle3Speculator`, what vLLM
 serves). The layout comes from an explicit rules table over config.json and the weight keys, never
 from the path. `convert` writes DST in the target engine's exact key set and config (the builders of
-`steps/formats.py`), strict-checked (`steps/checks/strict.py`), refusing what it cannot carry
+`steps/formats/`), strict-checked (`steps/checks/strict.py`), refusing what it cannot carry
 faithfully (F2: keys renamed by a table; F4: aux ids converted through `steps/layers.py`; F7:
 `LlamaForCausalLMEagle3` / `draft_vocab_size` written explicitly). `eaglenest convert` is its CLI and
 `eaglenest doctor` converts a non-SGLang layout with it to measure offline τ with SGLang's rules.
@@ -128,7 +128,7 @@ def canonical_state(tensors: dict[str, torch.Tensor], engine: str, src: Path) ->
     unknown = sorted(k for k in tensors if k not in to_canonical)
     if unknown:
         raise ConvertError(f"{src}/{formats.WEIGHTS_FILE}: unknown keys {unknown[:6]}{' …' if len(unknown) > 6 else ''}"
-                           f"; not in the {engine} key map of steps/formats.py, so converting would drop them. "
+                           f"; not in the {engine} key map of steps/formats/, so converting would drop them. "
                            "Run `eaglenest doctor` on the source to see what they are")
     state = {to_canonical[k]: v for k, v in tensors.items()}
     missing = [k for k in formats.CANONICAL_KEYS if k not in state and k not in formats.OPTIONAL_KEYS
@@ -139,7 +139,7 @@ def canonical_state(tensors: dict[str, torch.Tensor], engine: str, src: Path) ->
 
 
 def layer_fields(config: dict[str, Any], engine: str, src: Path) -> dict[str, Any]:
-    """The fields `formats.sglang_config` / `vllm_config` build from, read from either layout."""
+    """The fields engine formats' `build_config` build from, read from either layout."""
     lc = formats.layer_config(config, engine)
     try:
         heads, hidden = int(lc["num_attention_heads"]), int(lc["hidden_size"])

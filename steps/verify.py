@@ -1,7 +1,7 @@
 """Verify: offline τ of an exported SGLang draft with the reference engine, before any serving (F9).
 
 Reads: an `export` artifact's `sglang/` directory — loaded with SGLang's own key rules
-(`steps.formats.load_sglang_draft`: dropped keys stay random, d2t → hot ids, the target's
+(`steps.formats.sglang_loader.load_sglang_draft`: dropped keys stay random, d2t → hot ids, the target's
 embedding), so a broken export shows here as τ ≈ 1 (F2, F3) — and the `target` artifact; the
 capture layers are read back from the exported `eagle_config` and converted as SGLang does (F4).
 Held-out prompts: MT-bench first turns (`verify.categories`, `verify.num_prompts`) in the target's
@@ -23,7 +23,8 @@ from typing import Any
 from steps.artifacts import export_dir, load_target
 from steps.config import PipelineConfig, config_dict
 from steps.engine import Engine
-from steps.formats import load_sglang_draft, sglang_layer_ids
+from steps.formats.sglang import sglang_layer_ids
+from steps.formats.sglang_loader import load_sglang_draft
 from steps.metrics import AcceptStats
 from steps.prompts import held_out_prompts
 from steps.store import Manifest, Store, artifact_id

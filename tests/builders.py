@@ -390,7 +390,7 @@ def next_token_map(target) -> torch.Tensor:
 
 
 def export_sglang(out: Path, draft: Eagle3Draft, *, layer_ids=CATALOGUE_LAYER_IDS, **config_edits) -> Path:
-    config = formats.sglang_config(draft.cfg.to_dict(), layer_ids=layer_ids, max_position_embeddings=512,
+    config = formats.sglang.build_config(draft.cfg.to_dict(), layer_ids=layer_ids, max_position_embeddings=512,
                                    dtype="float32")
     config.update(config_edits)
     return formats.write_engine_dir(out, "sglang", draft.state_dict(), config, dtype="float32")

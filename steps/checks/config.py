@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from steps.checks.finding import Finding
+from steps.formats import layer_config
 
 MISSING = object()
 #: what a loader assumes for a field a foreign checkpoint leaves out (HF LlamaConfig defaults).
@@ -113,7 +114,7 @@ def config_problems(config: dict[str, Any], engine: str, *, loader_only: bool = 
 
 
 def _expectation_problems(config: dict[str, Any], engine: str, expect: dict[str, Any]) -> list[tuple[str, str]]:
-    layer = config if engine == "sglang" else (config.get("transformer_layer_config") or {})
+    layer = layer_config(config, engine)
     out = []
     if "hidden_size" in expect:
         got = config.get("target_hidden_size") or layer.get("hidden_size")

@@ -31,6 +31,7 @@ from steps.checks.layers import check_aux_layers
 from steps.checks.strict import tensor_meta
 from steps.checks.tau import compare_tau
 from steps.checks.vocab import check_vocab
+from steps.formats.sglang_loader import load_sglang_draft
 from steps.launch import get_json, post_json
 from steps.layers import default_aux_layer_ids, from_engine
 from steps.layouts import LAYOUT_ENGINE, LAYOUT_RULES, convert, detect_layout
@@ -196,7 +197,7 @@ def offline_tau(ck: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], n
     try:
         sglang_dir = ck.path if ck.layout == "sglang" else convert(
             ck.path, tmp / "sglang", "sglang", num_target_layers=target.config.num_hidden_layers)
-        draft, _ = formats.load_sglang_draft(sglang_dir, target=target)
+        draft, _ = load_sglang_draft(sglang_dir, target=target)
     except (ValueError, NotImplementedError, AttributeError, KeyError) as err:
         return None, f"offline τ not measured: {err}"
     finally:

@@ -62,7 +62,7 @@ def unknown_key_message(key: str, engine: str) -> str:
         return (f"not a {engine} draft key; the {engine} loader "
                 + ("drops it without a word and that weight stays random" if engine == "sglang"
                    else "refuses it or drops it") + f"; expected one of the {len(CANONICAL_KEYS)} keys of "
-                "steps/formats.KEY_MAPS")
+                "steps/formats/ KEY_MAPS")
     return (f"{engine} would load it as {res.canonical}, but it is not the exact name eaglenest writes "
             f"({KEY_MAPS[engine].get(res.canonical or '', '?')}); other versions drop it")
 
@@ -101,7 +101,7 @@ def check_keys(tensors: dict[str, tuple[tuple[int, ...], str]], engine: str, sha
                         + (f"; they carry the prefix {prefixes} that the loader does not strip" if prefixes else ""))
         fixes.append(f"rename the keys without {prefixes} (the layer is `midlayer.*` or `layers.0.*`, optionally "
                      "`model.`-prefixed)" if prefixes else
-                     "remove or rename keys that are not EAGLE-3 draft parameters (steps/formats.KEY_MAPS)")
+                     "remove or rename keys that are not EAGLE-3 draft parameters (steps/formats/ KEY_MAPS)")
     if r.missing:
         problems.append(f"never set, so the served draft keeps random weights there: {r.missing}")
     problems += [f"{k} has shape {list(got)}, config.json implies {list(want)}" for k, got, want in r.shapes]

@@ -10,8 +10,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from steps import artifacts, export, formats
+from steps import artifacts, export
 from steps.checks import strict
+from steps.formats.sglang_loader import load_sglang_draft
 from steps.store import open_store
 from tests.builders import (
     CANONICAL_DRAFT_KEYS,
@@ -77,7 +78,7 @@ def test_an_exported_sglang_dir_serves_the_trained_weights(world):
 
     m = export.run(world["cfg"], world["store"], world["draft_id"], world["target_id"])
     draft, _ = load_draft(world["store"], world["draft_id"])
-    loaded, report = formats.load_sglang_draft(artifacts.export_dir(world["store"], m.id, "sglang"))
+    loaded, report = load_sglang_draft(artifacts.export_dir(world["store"], m.id, "sglang"))
     assert report.dropped == [] and report.missing == []
     ids, hidden = torch.randint(0, V, (1, 5)), torch.randn(1, 5, 3 * H)
     with torch.no_grad():

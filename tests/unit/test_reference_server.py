@@ -24,7 +24,7 @@ from steps import formats, serve, serving
 from steps import launch as launching
 from steps.checks.tau import ZERO_ACCEPTANCE_TAU
 from steps.engine import Engine
-from steps.formats import load_sglang_draft
+from steps.formats.sglang_loader import load_sglang_draft
 from steps.metrics import AcceptStats, acceptance_length_from_requests
 from steps.prompts import held_out_prompts
 from steps.reference_server import HANG_ENV
@@ -144,7 +144,7 @@ def test_speculative_output_equals_plain_output_and_live_tau_matches_offline(wor
     target = AutoModelForCausalLM.from_pretrained(world["target_dir"], dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(world["target_dir"])
     draft, _ = load_sglang_draft(world["draft_dir"], target=target)
-    engine = Engine(target, tok, draft, layer_ids=formats.sglang_layer_ids(world["draft_dir"]), num_steps=K)
+    engine = Engine(target, tok, draft, layer_ids=formats.sglang.sglang_layer_ids(world["draft_dir"]), num_steps=K)
     prompts = held_out_prompts(cfg, tok)
     live = [post(f"{server.base_url}/generate", {"input_ids": ids, "sampling_params":
                                                  {"max_new_tokens": cfg.verify.max_new_tokens, "temperature": 0}})

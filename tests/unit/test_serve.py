@@ -80,7 +80,7 @@ def draft_config(**overrides) -> dict:
     draft = {"hidden_size": 128, "intermediate_size": 344, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 2048,
              "draft_vocab_size": 1024, "target_hidden_size": 128}
-    cfg = formats.sglang_config(draft, layer_ids=[1, 2, 3], max_position_embeddings=2048, dtype="bfloat16")
+    cfg = formats.sglang.build_config(draft, layer_ids=[1, 2, 3], max_position_embeddings=2048, dtype="bfloat16")
     cfg.update(overrides)
     return {k: v for k, v in cfg.items() if v is not ...}
 

@@ -103,7 +103,7 @@ def test_held_out_prompts_are_chat_templated_mtbench_first_turns(world):
 
 def test_layer_ids_are_read_back_the_way_sglang_captures_them(world):
     path = artifacts.export_dir(world["store"], world["export_id"], "sglang")
-    assert formats.sglang_layer_ids(path) == LAYER_IDS          # eagle_config holds [0, 1, 2]; SGLang adds 1
+    assert formats.sglang.sglang_layer_ids(path) == LAYER_IDS          # eagle_config holds [0, 1, 2]; SGLang adds 1
 
 
 class AcceptEverything(Engine):
@@ -118,7 +118,7 @@ class AcceptEverything(Engine):
 
 def test_an_engine_that_changes_the_output_is_caught(world):
     from steps.artifacts import load_target
-    from steps.formats import load_sglang_draft
+    from steps.formats.sglang_loader import load_sglang_draft
 
     target, tok = load_target(world["store"], world["target_id"])
     draft, _ = load_sglang_draft(artifacts.export_dir(world["store"], world["export_id"], "sglang"), target=target)
