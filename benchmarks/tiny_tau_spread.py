@@ -31,12 +31,13 @@ def run_chain(seed: int, threads: int, root: Path) -> dict:
     import torch
 
     from flows.step_flows import run_step
+    from steps.artifacts import export_dir, load_target
     from steps.engine import Engine
-    from steps.export import export_dir
-    from steps.formats import load_sglang_draft
+    from steps.formats.sglang import sglang_layer_ids
+    from steps.formats.sglang_loader import load_sglang_draft
+    from steps.prompts import held_out_prompts
     from steps.store import open_store
-    from steps.target import load_target
-    from steps.verify import held_out_prompts, measure, sglang_layer_ids
+    from steps.verify import measure
 
     torch.set_num_threads(threads)
     store_uri, overrides = f"file://{root}", [f"seed={seed}"]
@@ -58,7 +59,7 @@ def run_chain(seed: int, threads: int, root: Path) -> dict:
         draft = step("train", extra, target=ids["target"], hidden=ids["hidden"], vocab=ids["vocab"])["id"]
         export = step("export", extra, draft=draft, target=ids["target"])["id"]
         verify = step("verify", extra, export=export, target=ids["target"])
-        taus[label] = verify["metrics"]["acceptance_length"]
+        taus[label] = verify["metrics"]["tau"]
         if label == "trained":
             trained_export = export
 

@@ -22,8 +22,7 @@ UNTRAINED = ["train.max_steps=0"]
 
 def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[str, dict[str, Any]],
               store_uri: str) -> dict[str, Any]:
-    from steps.export import export_dir
-    from steps.target import target_dir
+    from steps.artifacts import export_dir, target_dir
 
     store = open_store(store_uri)
     verify, control_verify = records["verify"]["metrics"], control["verify"]["metrics"]
@@ -33,8 +32,8 @@ def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[s
         "target": load_config(find_config(cfg_name)).target.display_name,
         "target_dir": str(target_dir(store, target_id)),
         "store": store.uri,
-        "acceptance_length": verify["acceptance_length"],
-        "acceptance_length_random_draft": control_verify["acceptance_length"],
+        "acceptance_length": verify["tau"],          # the user-facing name of τ
+        "acceptance_length_random_draft": control_verify["tau"],
         "per_position_acceptance": verify["per_position_acceptance"],
         "num_steps": verify["num_steps"],
         "speedup_reference_engine": verify.get("speedup"),

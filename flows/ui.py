@@ -23,7 +23,7 @@ from prefect.artifacts import (
 )
 
 #: headline metrics shown per step in the table (the rest stays in the manifest).
-HEADLINE = ("ok", "tokens", "tokens_per_s", "coverage", "steps", "final_loss", "acceptance_length", "tau",
+HEADLINE = ("ok", "tokens", "tokens_per_s", "coverage", "steps", "final_loss", "tau",
             "speedup", "smoke_tau", "attempts", "verdict")
 
 

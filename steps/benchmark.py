@@ -1,7 +1,7 @@
 """Benchmark: tokens/s and live τ of the served draft against the no-draft baseline, on pinned prompts.
 
 Reads: the `export` and `target` artifacts; two servers speaking SGLang's API — started here through
-`steps.serve.start` (engine `cfg.serve.engine`: SGLang or the reference server; the baseline is the
+`steps.serving.start` (engine `cfg.serve.engine`: SGLang or the reference server; the baseline is the
 same command without the `--speculative-*` flags), or given as URLs. Prompts are pinned: the held-out
 MT-bench first turns `steps.verify` measures offline τ on (same selection, same chat template) plus
 the first HumanEval stubs, all recorded by id in the report.
@@ -33,9 +33,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from steps import serving
+from steps.artifacts import load_tokenizer
 from steps.config import BenchmarkConfig, PipelineConfig, config_dict
 from steps.launch import get_json, post_json
 from steps.metrics import AcceptStats, acceptance_length_from_requests
+from steps.prompts import chat_token_ids, held_out_prompts, load_humaneval
 from steps.store import Manifest, Store, artifact_id, utc_now
 
 STEP = "benchmark"
@@ -52,14 +55,9 @@ def settings_for(cfg: PipelineConfig) -> BenchmarkConfig:
 
 def pinned_prompts(cfg: PipelineConfig, settings: BenchmarkConfig, tokenizer: Any) -> list[dict[str, Any]]:
     """verify's held-out MT-bench prompts + the first HumanEval stubs, chat-templated: a deterministic list."""
-    from steps.prompts import load_humaneval
-    from steps.verify import held_out_prompts
-
     rows = [{"id": pid, "source": "mtbench", "input_ids": ids} for pid, ids in held_out_prompts(cfg, tokenizer)]
     for p in load_humaneval()[:settings.num_code_prompts]:
-        ids = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
-        rows.append({"id": p["id"], "source": "humaneval",
-                     "input_ids": [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]})
+        rows.append({"id": p["id"], "source": "humaneval", "input_ids": chat_token_ids(tokenizer, p["messages"])})
     for r in rows:     # /v1/completions takes text: the same templated prompt, decoded
         r["text"] = tokenizer.decode(r["input_ids"])
     return rows
@@ -159,12 +157,10 @@ def measure_server(base_url: str, prompts: list[dict[str, Any]], settings: Bench
 def servers(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, baseline_url: str | None,
             spec_url: str | None) -> Iterator[tuple[str, str, dict[str, str]]]:
     """(baseline URL, speculative URL, serve artifact ids): given URLs are used, the others started and stopped."""
-    from steps import serve
-
     port = cfg.serve.port
     wanted = {"baseline": (baseline_url, True, port + 1), "speculative": (spec_url, False, port)}
     with ThreadPoolExecutor(max_workers=2) as pool:     # both load at once: startup dominates on a CPU
-        futures = {name: pool.submit(serve.start, cfg, store, export_id, target_id, baseline=base, port=p)
+        futures = {name: pool.submit(serving.start, cfg, store, export_id, target_id, baseline=base, port=p)
                    for name, (url, base, p) in wanted.items() if url is None}
     started, errors = {}, []
     for name, future in futures.items():
@@ -291,8 +287,6 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, ba
 
     `attempt` > 1 asks for a new measurement of the same export (after the gate relaunched serving).
     """
-    from steps.target import load_tokenizer
-
     settings = settings_for(cfg)
     section = {"benchmark": config_dict(settings), "serve": config_dict(cfg.serve), "verify": config_dict(cfg.verify),
                **({"attempt": attempt} if attempt > 1 else {})}

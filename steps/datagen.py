@@ -22,16 +22,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from steps import progress
+from steps.artifacts import conversations_path, load_target, load_tokenizer, target_artifact_id
 from steps.config import DatagenConfig, PipelineConfig, find_config, load_config
 from steps.prompts import load_prompts
 from steps.store import Manifest, Store, artifact_id, canonical_json, open_store, store_uri_for
@@ -257,10 +258,6 @@ def _conversation_row(prompt: dict[str, Any], result: dict[str, Any], tokenizer:
 
 # --- step ---------------------------------------------------------------------------------------------
 
-def _chunk_path(i: int) -> str:
-    return f"conversations/part-{i:05d}.jsonl"
-
-
 def _totals(chunk_stats: list[dict[str, Any]], n_prompts: int) -> dict[str, Any]:
     total = {k: sum(s.get(k, 0) for s in chunk_stats) for k in STAT_KEYS}
     total["gen_s"] = round(total["gen_s"], 2)
@@ -270,8 +267,6 @@ def _totals(chunk_stats: list[dict[str, Any]], n_prompts: int) -> dict[str, Any]
 
 def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int = CHUNK_PROMPTS) -> Manifest:
     """Regenerate the assistant turns of cfg.dataset's prompts with the target (resumable)."""
-    from steps.target import load_target, load_tokenizer
-
     prompts = load_prompts(cfg.dataset, cfg.seed)
     did = artifact_id("dataset", dataset_identity(cfg, prompts, chunk_prompts), {"target": target_id})
     if store.exists("dataset", did):
@@ -284,7 +279,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     chunk_stats: list[dict[str, Any]] = []
     with progress.bar(total=len(prompts), desc="datagen", unit="prompt") as bar:
         for i, start in enumerate(range(0, len(prompts), chunk_prompts)):
-            chunk, rel = prompts[start:start + chunk_prompts], _chunk_path(i)
+            chunk, rel = prompts[start:start + chunk_prompts], conversations_path(i)
             if writer.has(rel):  # committed by an earlier, interrupted run
                 chunk_stats.append(writer.uploaded(rel)["stats"])
             else:
@@ -304,29 +299,23 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     return writer.commit(metrics=metrics, meta={"backend": cfg.datagen.backend, "chunks": len(chunk_stats)})
 
 
-def read_conversations(store: Store, dataset_id: str) -> Iterator[dict[str, Any]]:
-    """The rows of a dataset artifact, chunk by chunk in order (each file verified)."""
-    m = store.manifest("dataset", dataset_id)
-    for rec in sorted(m.files, key=lambda r: r["path"]):
-        if rec["path"].startswith("conversations/"):
-            with open(store.fetch_file("dataset", dataset_id, rec["path"], m)) as f:
-                for line in f:
-                    yield json.loads(line)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m steps.datagen", description="Regenerate answers with the target.")
     ap.add_argument("--config", required=True, help="config name (tiny) or YAML path")
     ap.add_argument("--store", default=None, help="store URI (default: $EAGLENEST_STORE or the config's)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="a.b=v")
-    ap.add_argument("--target", default=None, help="target artifact id (default: run the target step)")
+    ap.add_argument("--target", default=None,
+                    help="target artifact id (default: the one `eaglenest target` made for this config)")
     args = ap.parse_args(argv)
     cfg = load_config(find_config(args.config), args.overrides)
     store = open_store(store_uri_for(args.store, cfg.store))
     if args.target is None:
-        from steps import target
-
-        args.target = target.run(cfg, store).id
+        # A step never runs another step (docs/ARCHITECTURE.md): find the target this config names.
+        args.target = target_artifact_id(cfg)
+        if not store.exists("target", args.target):
+            print(f"datagen: no target artifact {args.target} for {args.config} in {store.uri}; run "
+                  "`eaglenest target` with the same config first, or pass --target ID", file=sys.stderr)
+            return 2
     print(run(cfg, store, args.target).id)
     return 0
 
@@ -335,5 +324,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["run", "main", "tokenize_conversation", "read_conversations", "generate_chunk", "generate_local",
+__all__ = ["run", "main", "tokenize_conversation", "generate_chunk", "generate_local",
            "generate_openai", "stop_token_ids", "dataset_identity"]

@@ -1,7 +1,7 @@
 """The reference EAGLE-3 speculative decoding engine: chain drafting, greedy verification, batch 1.
 
 Reads: a Hugging Face causal LM target (with its KV cache) and an `Eagle3Draft` (`steps/draft.py`),
-usually loaded from an exported SGLang directory by `steps.formats.load_sglang_draft`. Writes
+usually loaded from an exported SGLang directory by `steps.formats.sglang_loader.load_sglang_draft`. Writes
 nothing; `steps/verify.py` turns its accept counts into offline τ (F9: acceptance is measured before
 any serving). It follows the contract's "Engine round" exactly, so a draft that is good here and
 ≈1 on a live server points at serving, not training.

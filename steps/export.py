@@ -3,7 +3,7 @@
 Reads: a `draft` artifact (canonical weights + `draft_config.json`) and the `target` artifact's
 config. Writes: an `export` artifact with `sglang/` and `vllm/`, each `config.json` +
 `model.safetensors` (floats in `export.dtype`, `d2t` int64, `t2d` bool). Key names and config
-fields come from the tables in `steps/formats.py`; the same tables drive the strict checker,
+fields come from the tables in `steps/formats/`; the same tables drive the strict checker,
 which runs on every written directory before the manifest is committed, so a directory that an
 engine would load wrongly (F2 keys, F3 vocab map, F4 layer ids, F5 context, F7 config) never
 becomes an artifact.
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from steps import formats
+from steps.artifacts import load_draft, target_config
+from steps.checks.strict import assert_engine_dir
 from steps.config import PipelineConfig, config_dict, resolve_max_position_embeddings
 from steps.layers import check_capturable, to_engine
 from steps.store import Manifest, Store, artifact_id
@@ -48,7 +50,7 @@ def draft_layer_ids(meta: dict[str, Any], target_config: dict[str, Any], where: 
 
 def engine_config(engine: str, draft_fields: dict[str, Any], *, layer_ids: list[int], max_pos: int,
                   cfg: PipelineConfig, target_config: dict[str, Any]) -> dict[str, Any]:
-    """config.json for one engine, built by its builder in steps/formats.py."""
+    """config.json for one engine, built by its builder in steps/formats/ (the ENGINES registry)."""
     return formats.CONFIG_BUILDERS[engine](
         draft_fields, layer_ids=layer_ids, max_position_embeddings=max_pos, dtype=cfg.export.dtype,
         verifier_name_or_path=verifier_name(cfg),
@@ -68,16 +70,13 @@ def write_checked(out: Path, engine: str, state: dict[str, Any], *, config: dict
                   expect: dict[str, Any], dtype: str) -> dict[str, Any]:
     """Write one engine directory, strict-check it (raises FormatError), return its manifest meta."""
     formats.write_engine_dir(out, engine, state, config, dtype=dtype)
-    formats.assert_engine_dir(out, engine, expect=expect)
+    assert_engine_dir(out, engine, expect=expect)
     return {"layer_ids": to_engine(expect["layer_ids"], engine), "num_keys": len(formats.KEY_MAPS[engine]),
             "architectures": config["architectures"], "max_position_embeddings": expect["context_length"]}
 
 
 def run(cfg: PipelineConfig, store: Store, draft_id: str, target_id: str) -> Manifest:
     """Write and strictly check each engine's directory; no manifest if any check fails."""
-    from steps.target import target_config
-    from steps.train import load_draft
-
     section, inputs = export_section(cfg), {"draft": draft_id, "target": target_id}
     export_id = artifact_id("export", section, inputs)
     if store.exists("export", export_id):
@@ -100,15 +99,6 @@ def run(cfg: PipelineConfig, store: Store, draft_id: str, target_id: str) -> Man
     return writer.commit(metrics={"num_keys": {e: m["num_keys"] for e, m in engines.items()}},
                          meta={"engines": engines, "internal_layer_ids": layer_ids, "dtype": cfg.export.dtype,
                                "draft_max_position_embeddings": draft_fields["max_position_embeddings"]})
-
-
-def export_dir(store: Store, export_id: str, engine: str) -> Path:
-    """A verified local directory of one engine's export (`sglang` or `vllm`)."""
-    m = store.manifest("export", export_id)
-    if engine not in m.meta.get("engines", {}):
-        raise KeyError(f"export {export_id} has no {engine!r} directory; it holds {sorted(m.meta.get('engines', {}))} "
-                       "(set export.engines to include it and re-run export)")
-    return store.fetch("export", export_id) / engine
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,11 +43,11 @@ from typing import Any, Protocol
 import torch
 
 from steps import distributed, layers
+from steps.artifacts import load_target, read_conversations, target_config
+from steps.checks.disk import check_disk_budget
 from steps.config import PipelineConfig, resolve_aux_layer_ids
-from steps.datagen import read_conversations
 from steps.shards import bytes_per_token, shard_bytes_bound, write_shard
 from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
-from steps.target import load_target, target_config
 
 log = logging.getLogger("eaglenest.extract")
 
@@ -423,6 +423,11 @@ def extract_range(writer: ArtifactWriter, mine: list[ShardPlan], sequences: list
             rounds = plan_rounds(mine, cfg.extract.disk_budget_bytes, world.size)
             stats.update(run_rounds(writer, backend, rounds, sequences, scratch, cfg=cfg, layer_ids=layer_ids,
                                     bar=bar))
+    # F8: what the plan promised, measured; a rank that overran its share must not publish the artifact.
+    budget = check_disk_budget(stats["peak_local_bytes"], cfg.extract.disk_budget_bytes // world.size,
+                               where=f"extract rank {world.rank}")
+    if budget.status == "fail":
+        raise ArtifactError(str(budget))
     return stats
 
 

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from typing import Any
 
+from steps.artifacts import export_dir, target_dir
+from steps.checks.cuda_graph import check_cuda_graph
+from steps.checks.diagnose import diagnose as run_doctor
+from steps.checks.diagnose import served_algorithm
 from steps.config import GateConfig, PipelineConfig, config_dict
 from steps.store import Manifest, Store, artifact_id
 
@@ -121,23 +124,19 @@ def decide(gate: GateConfig, metrics: dict[str, Any], candidate_sets: dict[str, 
 def diagnose(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, report: dict[str, Any],
              spec_url: str | None) -> list[dict[str, Any]]:
     """The doctor on the export and on the server that was measured (live if it still runs)."""
-    from steps import doctor
-    from steps.export import export_dir
-    from steps.target import target_dir
-
     sglang_dir, tdir = export_dir(store, export_id, "sglang"), target_dir(store, target_id)
     attempts = [a for sid in report.get("serve_artifacts", {}).values()
                 for a in store.manifest("serve", sid).meta.get("attempts", [])]
-    findings = doctor.run(sglang_dir, target=tdir, server=spec_url, context_length=cfg.target.context_length,
+    findings = run_doctor(sglang_dir, target=tdir, server=spec_url, context_length=cfg.target.context_length,
                           serve_record=attempts or None)
     # A server that is gone (ours is stopped by now; theirs may be down) is judged by what it reported
     # while it was measured: the algorithm it ran (F1) and, for ours, its CUDA-graph facts (F6).
-    ck, facts = doctor.read_checkpoint(sglang_dir), report["servers"]["speculative"]
+    facts = report["servers"]["speculative"]
     if not any(f.id == "F1" for f in findings):
-        findings.append(doctor.check_algorithm(ck, facts, report["metrics"].get("tau")))
+        findings.append(served_algorithm(sglang_dir, facts, report["metrics"].get("tau"), where="measured server"))
     if spec_url is None:
-        findings.append(doctor.check_cuda_graph(facts, attempts or None))
-    return [asdict(f) for f in findings]
+        findings.append(check_cuda_graph(facts, attempts or None, where="measured server"))
+    return [f.to_dict() for f in findings]
 
 
 def fix_for(findings: list[dict[str, Any]], spec_url: str | None) -> dict[str, Any] | None:

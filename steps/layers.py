@@ -3,30 +3,25 @@
 Internal ids index HF `hidden_states` (0 = embeddings, i = input of decoder layer i; the residual
 stream SGLang captures at the entry of layer i). SGLang's `eagle_config.eagle_aux_hidden_state_layer_ids`
 name "the output of decoder layer k" and the server adds +1 before capturing, so they are the
-internal ids minus one. vLLM passes its ids through unchanged, so they equal the internal ids.
+internal ids minus one. vLLM passes its ids through unchanged, so they equal the internal ids. Each
+engine's offset is a field of its format (`steps/formats/`, `EngineFormat.id_offset`).
 """
 
 from __future__ import annotations
 
-ENGINES = ("sglang", "vllm")
-
 
 def to_engine(layer_ids: list[int], engine: str) -> list[int]:
     """Internal ids → the ids written into `engine`'s draft config."""
-    if engine == "sglang":
-        return [i - 1 for i in layer_ids]
-    if engine == "vllm":
-        return list(layer_ids)
-    raise KeyError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    from steps.formats import engine_format  # each engine's offset lives with its format (one registry)
+
+    return [i + engine_format(engine).id_offset for i in layer_ids]
 
 
 def from_engine(engine_ids: list[int], engine: str) -> list[int]:
     """Ids read from `engine`'s draft config → internal ids."""
-    if engine == "sglang":
-        return [i + 1 for i in engine_ids]
-    if engine == "vllm":
-        return list(engine_ids)
-    raise KeyError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    from steps.formats import engine_format
+
+    return [i - engine_format(engine).id_offset for i in engine_ids]
 
 
 def default_aux_layer_ids(num_hidden_layers: int) -> list[int]:

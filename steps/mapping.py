@@ -22,17 +22,14 @@ from collections import Counter
 from collections.abc import Iterable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
-from steps.datagen import read_conversations
+from steps.artifacts import VOCAB_FILE, read_conversations, target_config
+from steps.checks.vocab import validate_vocab
 from steps.store import Manifest, Store, artifact_id, open_store
-from steps.target import target_config
 
-VOCAB_FILE = "vocab.safetensors"
-
-
-# --- build and validate -----------------------------------------------------------------------------
+# --- build -----------------------------------------------------------------------------
 
 def _counts_tensor(token_counts: Counter | Tensor, target_vocab: int) -> Tensor:
     """Counts as a dense int64 tensor [target_vocab]; ids outside the vocab are an error."""
@@ -72,37 +69,6 @@ def build_vocab(token_counts: Counter | Tensor, target_vocab: int, draft_vocab: 
     return d2t, t2d
 
 
-def validate_vocab(d2t: Tensor | None, t2d: Tensor | None, target_vocab: int) -> None:
-    """Raise ValueError naming the F3 fault: missing, non-int64, absolute ids, out of range,
-    unsorted, or a t2d that disagrees with d2t."""
-    if d2t is None or t2d is None:
-        raise ValueError(f"vocab map is missing ({'d2t' if d2t is None else 't2d'} is None); a draft with "
-                         "a reduced vocab cannot be served without d2t (F3)")
-    if d2t.dtype != torch.int64:
-        raise ValueError(f"d2t has dtype {d2t.dtype}, expected int64 offsets (target = i + d2t[i]); a float "
-                         "or int32 map makes the server map draft ids to the wrong target tokens (F3)")
-    if t2d.dtype != torch.bool or t2d.ndim != 1 or t2d.numel() != target_vocab:
-        raise ValueError(f"t2d must be bool [{target_vocab}], got {t2d.dtype} {list(t2d.shape)}")
-    if d2t.ndim != 1 or not 0 < d2t.numel() <= target_vocab:
-        raise ValueError(f"d2t must be 1-D with 1..{target_vocab} entries, got shape {list(d2t.shape)}")
-    target = torch.arange(d2t.numel()) + d2t
-    out = ((target < 0) | (target >= target_vocab)).nonzero().flatten()
-    if len(out):
-        i = int(out[0])
-        raise ValueError(f"d2t[{i}]={int(d2t[i])} maps draft id {i} to target id {int(target[i])}, outside "
-                         f"[0, {target_vocab}); {len(out)} such ids. If d2t holds absolute target ids, store "
-                         "offsets instead: d2t = ids - arange(draft_vocab) (F3)")
-    if len(target) > 1 and not bool((target[1:] > target[:-1]).all()):
-        raise ValueError("i + d2t[i] is not strictly increasing: the draft vocab must be sorted ascending by "
-                         "target id (d2t looks like absolute ids, a frequency-ordered map or has duplicates; F3)")
-    if len(d2t) > 1 and torch.equal(t2d.nonzero().flatten(), d2t):
-        raise ValueError("d2t holds absolute target ids (d2t == t2d.nonzero()), expected offsets "
-                         "target = i + d2t[i]; store d2t = ids - arange(draft_vocab) (F3)")
-    if not torch.equal(t2d.nonzero().flatten(), target):
-        raise ValueError(f"t2d.nonzero() != arange + d2t: t2d marks {int(t2d.sum())} ids, d2t maps "
-                         f"{len(target)}; the two halves of the vocab map disagree (F3)")
-
-
 # --- counting over a dataset ------------------------------------------------------------------------
 
 def count_assistant_tokens(rows: Iterable[dict]) -> Counter:
@@ -140,16 +106,6 @@ def run(cfg, store: Store, dataset_id: str, target_id: str) -> Manifest:
                "assistant_tokens": sum(counts.values())}
     return writer.commit(metrics=metrics, meta={"target_vocab": target_vocab,
                                                 "draft_vocab": cfg.mapping.draft_vocab_size})
-
-
-def load_vocab(store: Store, vocab_id: str) -> tuple[Tensor, Tensor]:
-    """(d2t, t2d) of a vocab artifact, validated."""
-    m = store.manifest("vocab", vocab_id)
-    tensors = load_file(str(store.fetch_file("vocab", vocab_id, VOCAB_FILE, m)))
-    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
-    target_vocab = int(m.meta.get("target_vocab", t2d.numel() if t2d is not None else 0))
-    validate_vocab(d2t, t2d, target_vocab)
-    return d2t, t2d
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 τ (acceptance length) counts the bonus token: each verify step yields its accepted drafts plus one
 token from the target, so τ = Σ(accepted + 1) / Σ verify steps. τ = 1 means no speedup; chain
-drafting with k steps has τ ≤ k + 1.
+drafting with k steps has τ ≤ k + 1. Every metric dict stores it under the key `tau` (verify, benchmark,
+serve's smoke test, gate); only the demo's summary.json spells it `acceptance_length`, for readers.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class AcceptStats:
         return [sum(self.histogram[i + 1:]) / n if n else 0.0 for i in range(self.num_steps)]
 
     def to_dict(self) -> dict:
-        return {"acceptance_length": self.tau, "per_position_acceptance": self.per_position,
+        return {"tau": self.tau, "per_position_acceptance": self.per_position,
                 "verify_steps": self.verify_steps, "accepted_drafts": self.accepted_drafts,
                 "accept_histogram": list(self.histogram), "num_steps": self.num_steps}
 

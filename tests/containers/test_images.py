@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from steps import artifacts
 from tests.containers.conftest import podman
 
 pytestmark = pytest.mark.images
@@ -44,19 +45,17 @@ def exported_in_image(tiny_world, images):
 
 
 def test_cpu_image_runs_the_export_step_on_a_mounted_store(exported_in_image):
-    from steps import export
 
     w = exported_in_image
     manifest = w["store"].manifest("export", w["export_id"])  # reads the manifest only; export_dir fetches verified
     assert manifest.step == "export" and manifest.inputs == {"draft": w["draft_id"], "target": w["target_id"]}
-    sglang_dir = export.export_dir(w["store"], w["export_id"], "sglang")
+    sglang_dir = artifacts.export_dir(w["store"], w["export_id"], "sglang")
     assert json.loads((sglang_dir / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
 
 
 def serve_args(w: dict) -> list[str]:
-    from steps import export
 
-    draft = export.export_dir(w["store"], w["export_id"], "sglang")
+    draft = artifacts.export_dir(w["store"], w["export_id"], "sglang")
     return ["--config", str(w["config"]), "--draft", str(draft), "--target-path", str(w["target_dir"])]
 
 

@@ -26,7 +26,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from steps import doctor, formats, serve
+from steps import doctor, serving
+from steps import launch as launching
+from steps.checks import strict
+from steps.checks.diagnose import diagnose
+from steps.checks.finding import Finding
+from steps.checks.tau import ZERO_ACCEPTANCE_TAU
 from steps.config import find_config, load_config
 from steps.metrics import acceptance_length_from_requests
 from tests.builders import (
@@ -48,7 +53,7 @@ STEPS = 4
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = (sys.executable, "-m", "steps.reference_server")
 PROMPTS = ["def fib(n):", "The quick brown fox", "import numpy as np", "Hello, world"]
-ZERO = doctor.ZERO_ACCEPTANCE_TAU
+ZERO = ZERO_ACCEPTANCE_TAU
 
 # --- the world: target, healthy export, broken variants (builders in tests/builders.py) ----------------
 
@@ -80,7 +85,7 @@ def world(tmp_path_factory):
 def servers(world):
     """Every server of the module, started at once (each start is ~15 s of imports on this machine).
 
-    Values are a `serve.Server` or the `serve.ServerStartError` its start raised."""
+    Values are a `launching.Server` or the `launching.ServerStartError` its start raised."""
     jobs = {"healthy": lambda: start(world, world["healthy"], "healthy"),
             "f1": lambda: start(world, world["healthy"], "f1", algorithm="EAGLE"),
             **{row: (lambda row=row: start(world, world[row], row)) for row in ("f2", "f3", "f4", "f5", "f7")},
@@ -91,17 +96,17 @@ def servers(world):
         for name, fut in futures.items():
             try:
                 out[name] = fut.result()
-            except serve.ServerStartError as err:
+            except launching.ServerStartError as err:
                 out[name] = err
     yield out
     with ThreadPoolExecutor(len(out)) as pool:
-        list(pool.map(lambda s: s.stop(grace_s=5), [s for s in out.values() if isinstance(s, serve.Server)]))
+        list(pool.map(lambda s: s.stop(grace_s=5), [s for s in out.values() if isinstance(s, launching.Server)]))
 
 
 # --- serving helpers ------------------------------------------------------------------------------------
 
 def command(world, draft: Path, port: int, *, algorithm: str | None = None, disable_cuda_graph=False) -> list[str]:
-    cmd = serve.build_sglang_command(world["cfg"], target_path=world["target"], draft_dir=draft, port=port,
+    cmd = serving.build_sglang_command(world["cfg"], target_path=world["target"], draft_dir=draft, port=port,
                                      disable_cuda_graph=disable_cuda_graph, launcher=LAUNCHER)
     if algorithm:                                          # forced: the flag typed by hand
         cmd[cmd.index("--speculative-algorithm") + 1] = algorithm
@@ -114,23 +119,23 @@ START_TIMEOUT_S = 150
 HANG_TIMEOUT_S = 60
 
 
-def start(world, draft: Path, name: str, **kw) -> serve.Server:
+def start(world, draft: Path, name: str, **kw) -> launching.Server:
     port = free_port()
-    return serve.launch(command(world, draft, port, **kw), log_path=world["root"] / f"{name}.log",
+    return launching.launch(command(world, draft, port, **kw), log_path=world["root"] / f"{name}.log",
                         health_url=f"http://127.0.0.1:{port}/health_generate", timeout_s=START_TIMEOUT_S,
                         env=SERVER_ENV)
 
 
-def start_with_hang(world) -> serve.Server:
+def start_with_hang(world) -> launching.Server:
     """F6: the serve step's own retry — first with CUDA graphs (hangs), then without."""
     port = free_port()
-    return serve.launch_with_fallback(
+    return launching.launch_with_fallback(
         lambda off: command(world, world["healthy"], port, disable_cuda_graph=off), log_dir=world["root"] / "f6",
         health_url=f"http://127.0.0.1:{port}/health_generate", timeout_s=HANG_TIMEOUT_S,
         env={**SERVER_ENV, "EAGLENEST_REFERENCE_HANG_WITH_CUDA_GRAPH": "1"})
 
 
-def live_tau(server: serve.Server) -> float:
+def live_tau(server: launching.Server) -> float:
     metas = []
     for text in PROMPTS:
         body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 32, "temperature": 0,
@@ -141,25 +146,25 @@ def live_tau(server: serve.Server) -> float:
             metas.append(json.loads(r.read())["meta_info"])
     return acceptance_length_from_requests(metas)
 
-def doctor_on(world, draft: Path, server: serve.Server | None = None, **kw) -> dict[str, doctor.Finding]:
-    findings = doctor.run(draft, target=world["target"], server=server.base_url if server else None, **kw)
+def doctor_on(world, draft: Path, server: launching.Server | None = None, **kw) -> dict[str, Finding]:
+    findings = diagnose(draft, target=world["target"], server=server.base_url if server else None, **kw)
     return {f.id: f for f in findings}
 
 def refused(world, draft: Path, row: str, *, algorithm: str | None = None) -> str:
     """eaglenest's own gates: the export's strict check, then serve's preflight. Returns the messages."""
-    strict = [str(f) for f in formats.check_engine_dir(draft, "sglang", expect={"layer_ids": LAYER_IDS})]
-    pre = serve.preflight(draft, command(world, draft, 1, algorithm=algorithm), target_config=world["tcfg"],
+    checked = [str(f) for f in strict.check_engine_dir(draft, "sglang", expect={"layer_ids": LAYER_IDS})]
+    pre = serving.preflight(draft, command(world, draft, 1, algorithm=algorithm), target_config=world["tcfg"],
                           env={})
     pre = [str(f) for f in pre if f.status == "fail"]
-    messages = "\n".join(strict + pre)
+    messages = "\n".join(checked + pre)
     assert f"[{row}" in messages or f"{row} FAIL" in messages, messages
     return messages
 
 # --- the healthy baseline --------------------------------------------------------------------------------
 
 def test_healthy_export_accepts_tokens(world, servers):
-    assert formats.check_engine_dir(world["healthy"], "sglang", expect={"layer_ids": LAYER_IDS}) == []
-    assert not [f for f in serve.preflight(world["healthy"], command(world, world["healthy"], 1),
+    assert strict.check_engine_dir(world["healthy"], "sglang", expect={"layer_ids": LAYER_IDS}) == []
+    assert not [f for f in serving.preflight(world["healthy"], command(world, world["healthy"], 1),
                                            target_config=world["tcfg"], env={}) if f.status == "fail"]
     tau = live_tau(servers["healthy"])
     found = doctor_on(world, world["healthy"], servers["healthy"])
@@ -207,7 +212,7 @@ def test_f5_a_draft_context_shorter_than_the_target(world, servers):
     msg = refused(world, world["f5"], "F5")
     assert "64" in msg
     err = servers["f5"]                                    # forced: the server refuses to start, as SGLang does
-    assert isinstance(err, serve.ServerStartError) and "exited" in str(err)
+    assert isinstance(err, launching.ServerStartError) and "exited" in str(err)
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in (world["root"] / "f5.log").read_text()
     found = doctor_on(world, world["f5"])
     assert found["F5"].status == "fail" and "512" in found["F5"].fix
@@ -215,7 +220,7 @@ def test_f5_a_draft_context_shorter_than_the_target(world, servers):
 
 def test_f6_a_cuda_graph_hang_is_retried_without_graphs_and_doctor_reports_it(world, servers):
     server = servers["f6"]
-    assert isinstance(server, serve.Server), server
+    assert isinstance(server, launching.Server), server
     first, second = server.attempts
     assert first["cuda_graph"] and first["outcome"].startswith("failed") and "F6" in first["outcome"]
     assert "capturing CUDA graphs" in Path(first["log"]).read_text()     # it hung, it did not crash
@@ -228,7 +233,7 @@ def test_f6_a_cuda_graph_hang_is_retried_without_graphs_and_doctor_reports_it(wo
 def test_f7_a_null_draft_vocab_size_is_refused_and_the_forced_server_fails_loudly(world, servers):
     refused(world, world["f7"], "F7")
     err = servers["f7"]
-    assert isinstance(err, serve.ServerStartError) and "exited" in str(err)
+    assert isinstance(err, launching.ServerStartError) and "exited" in str(err)
     assert "shape" in (world["root"] / "f7.log").read_text()
     found = doctor_on(world, world["f7"])
     assert found["F7"].status == "fail" and "null" in found["F7"].evidence

@@ -24,7 +24,7 @@ from uuid import UUID
 
 import pytest
 
-from steps import serve
+from steps import serving
 from steps.config import find_config, load_config
 from steps.launch import launch
 from steps.store import open_store
@@ -144,16 +144,15 @@ def gate_decisions(stack, spec_url: str) -> list[dict]:
 
 def start_reference_server(stack, port: int, algorithm: str):
     """The production export served by the reference engine with a hand-typed algorithm flag."""
-    from steps.export import export_dir
-    from steps.target import target_dir
+    from steps.artifacts import export_dir, target_dir
 
     store = open_store(stack.store_uri)
     cfg = load_config(find_config("tiny"))
     export_id = store.get_alias("production")["id"]
     target_id = store.manifest("export", export_id).inputs["target"]
-    cmd = serve.build_sglang_command(cfg, target_path=target_dir(store, target_id),
+    cmd = serving.build_sglang_command(cfg, target_path=target_dir(store, target_id),
                                      draft_dir=export_dir(store, export_id, "sglang"), port=port,
-                                     disable_cuda_graph=False, launcher=serve.LAUNCHERS["reference"])
+                                     disable_cuda_graph=False, launcher=serving.LAUNCHERS["reference"])
     cmd[cmd.index("--speculative-algorithm") + 1] = algorithm
     return launch(cmd, log_path=Path(stack.dir) / f"ref-{port}.log", health_url=f"http://127.0.0.1:{port}/health",
                   timeout_s=300, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})

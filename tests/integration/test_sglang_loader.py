@@ -32,7 +32,9 @@ from typing import Any
 import pytest
 import torch
 
-from steps import doctor, export, extract, formats, mapping, target, train
+from steps import artifacts, export, extract, formats, mapping, target, train
+from steps.checks.diagnose import diagnose
+from steps.formats.sglang_loader import load_sglang_draft
 from steps.store import open_store
 from tests.builders import (
     CATALOGUE_LAYER_IDS,
@@ -56,7 +58,7 @@ JUDGE = Path(__file__).with_name("sglang_judge.py")
 V, H, I, N, VD = 272, 64, 128, 6, 96
 LAYER_IDS = [1, 3, 4]
 #: every parameter of SGLang's 1-layer LlamaForCausalLMEagle3 (no fc bias, no fc norms)
-SGLANG_PARAMS = formats.SGLANG_PARAM_NAMES
+SGLANG_PARAMS = formats.sglang.PARAM_NAMES
 QKV = "model.layers.0.self_attn.qkv_proj.weight"
 
 #: broken variants of the catalogue's healthy export → the row doctor must name.
@@ -95,8 +97,8 @@ def ours(tmp_path_factory) -> dict[str, Any]:
     vocab = mapping.run(cfg, store, dataset_id, target_id)
     draft = train.run(cfg, store, target_id, hidden.id, vocab.id)
     exported = export.run(cfg, store, draft.id, target_id)
-    return {"target": tdir, "hidden": hidden, "vocab": mapping.load_vocab(store, vocab.id), "export": exported,
-            "dir": export.export_dir(store, exported.id, "sglang")}
+    return {"target": tdir, "hidden": hidden, "vocab": artifacts.load_vocab(store, vocab.id), "export": exported,
+            "dir": artifacts.export_dir(store, exported.id, "sglang")}
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +168,7 @@ def hot_token_ids(d2t: torch.Tensor) -> list[int]:
 
 
 def doctor_rows(path: Path, target_dir: Path) -> dict[str, str]:
-    return {f.id: f.status for f in doctor.run(path, target=target_dir)}
+    return {f.id: f.status for f in diagnose(path, target=target_dir)}
 
 
 # --- the judge itself -----------------------------------------------------------------------------------
@@ -188,11 +190,11 @@ def test_sglang_builds_its_eagle3_draft_and_loads_without_any_stand_in(judged, n
 
 @pytest.mark.parametrize("name", ["ours", "catalogue-healthy", *BROKEN])
 def test_steps_formats_resolves_every_key_where_sglang_puts_it(judged, name):
-    """The lenient loader's rules (steps/formats.sglang_resolve, used by the reference engine and doctor)
+    """The lenient loader's rules (steps/formats.sglang.resolve, used by the reference engine and doctor)
     against SGLang's own: the same parameter per key, the same keys dropped, d2t and t2d alike."""
     v = verdict(judged, name)
     for key, seen in v["keys"].items():
-        res = formats.sglang_resolve(key)
+        res = formats.sglang.resolve(key)
         if "error" in seen:                                  # routed to a parameter whose loader refused it
             assert res.action == "param", key
         elif res.action == "param":
@@ -329,14 +331,14 @@ def test_doctor_names_the_row_of_every_variant_sglang_mishandles(catalogue, name
 
 
 def test_the_lenient_loader_of_steps_formats_drops_what_sglang_drops(judged, catalogue):
-    """formats.load_sglang_draft (the reference engine's loader) on every variant SGLang loads."""
+    """load_sglang_draft (the reference engine's loader) on every variant SGLang loads."""
     for name, path in catalogue["broken"].items():
         v = verdict(judged, name)
         if v["load_errors"]:
             with pytest.raises(ValueError, match="shape"):          # loud in both
-                formats.load_sglang_draft(path)
+                load_sglang_draft(path)
             continue
-        _, report = formats.load_sglang_draft(path)
+        _, report = load_sglang_draft(path)
         assert sorted(report.dropped + report.ignored) == sorted(v["ignored_keys"]), name
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from steps import export, serve, train
+from steps import export, serving, train
 from steps.config import PipelineConfig, load_config, resolve_aux_layer_ids, resolve_max_position_embeddings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ def write_json_dir(path: Path, config: dict[str, Any]) -> Path:
 
 def sglang_argv(cmd: list[str]) -> list[str]:
     """The arguments `python -m sglang.launch_server` hands to its parser."""
-    assert cmd[:3] == list(serve.SGLANG_LAUNCHER), cmd[:3]
+    assert cmd[:3] == list(serving.SGLANG_LAUNCHER), cmd[:3]
     return cmd[3:]
 
 
@@ -184,7 +184,7 @@ def prepare(name: str, root: Path) -> Served:
     tcfg = target_config(name, cfg)
     target_dir = write_json_dir(root / name / "target", tcfg)
     draft_dir = write_json_dir(root / name / "sglang", exported_sglang_config(cfg, tcfg))
-    cmd = serve.build_sglang_command(cfg, target_path=target_dir, draft_dir=draft_dir)
+    cmd = serving.build_sglang_command(cfg, target_path=target_dir, draft_dir=draft_dir)
     return Served(cfg, target_dir, draft_dir, cmd)
 
 
@@ -214,7 +214,7 @@ def verdict(served) -> dict[str, Any]:
              for name, s in served.items()]
     moe = sglang_argv(served["moe-7168"].cmd)
     i = moe.index("--speculative-draft-model-quantization")
-    no_graphs = serve.build_sglang_command(served["tiny"].cfg, target_path=served["tiny"].target_dir,
+    no_graphs = serving.build_sglang_command(served["tiny"].cfg, target_path=served["tiny"].target_dir,
                                            draft_dir=served["tiny"].draft_dir, disable_cuda_graph=True)
     cases += [
         {"name": "tiny-no-cuda-graph", "argv": sglang_argv(no_graphs) + CPU_ONLY_ARGS, "resolve": True},
@@ -223,7 +223,7 @@ def verdict(served) -> dict[str, Any]:
         {"name": "eagle-with-eagle3-draft",
          "argv": replace_option(tiny, "--speculative-algorithm", "EAGLE") + CPU_ONLY_ARGS, "resolve": True},
     ]
-    prefixes = [shortest for _, shortest in serve.WATCHED_FLAGS.values()]
+    prefixes = [shortest for _, shortest in serving.WATCHED_FLAGS.values()]
     return run_judge(cases, prefixes)
 
 
@@ -294,19 +294,19 @@ def test_sglang_accepts_eagle_for_an_eagle3_draft_so_only_our_preflight_stops_f1
     assert v["resolved"]["speculative_algorithm"] == "EAGLE"
     s = served["tiny"]
     argv = replace_option(s.cmd, "--speculative-algorithm", "EAGLE")
-    findings = serve.preflight(s.draft_dir, argv, target_config=target_config("tiny", s.cfg), env={})
+    findings = serving.preflight(s.draft_dir, argv, target_config=target_config("tiny", s.cfg), env={})
     assert [f.id for f in findings if f.status == "fail"] == ["F1"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_our_preflight_passes_what_sglang_accepts(served, name):
     s = served[name]
-    findings = serve.preflight(s.draft_dir, s.cmd, target_config=target_config(name, s.cfg), env={})
+    findings = serving.preflight(s.draft_dir, s.cmd, target_config=target_config(name, s.cfg), env={})
     assert [str(f) for f in findings if f.status == "fail"] == []
 
 
 def test_the_flag_prefixes_our_preflight_reads_are_unambiguous_in_sglang(verdict):
-    for full, shortest in serve.WATCHED_FLAGS.values():
+    for full, shortest in serving.WATCHED_FLAGS.values():
         assert verdict["prefixes"][shortest] == [full], (shortest, verdict["prefixes"][shortest])
 
 

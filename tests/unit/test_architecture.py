@@ -1,4 +1,5 @@
-"""Layout rules of DESIGN.md, pinned: steps/ is plain Python, flows/ holds no tensors, CLI surface."""
+"""Layout rules of DESIGN.md, pinned: steps/ is plain Python, flows/ holds no tensors, the library → steps →
+flows layering (no step imports another step), CLI surface."""
 
 from __future__ import annotations
 
@@ -17,6 +18,53 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module.split(".")[0])
     return names
+
+
+#: the step modules (and the two tools, which follow the same rule); everything else in steps/ is library.
+STEP_MODULES = frozenset({"target", "datagen", "extract", "mapping", "train", "export", "verify", "serve",
+                          "benchmark", "gate", "doctor", "convert"})
+
+
+def _steps_modules_imported(path: Path) -> set[str]:
+    """The `steps.<module>` names a file imports anywhere in it (function-local imports included), in every
+    spelling: `import steps.x`, `from steps.x import y`, `from steps import x`, `from steps.x.y import z`."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("steps.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] == "steps":
+                out |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+    return out
+
+
+def _module_name(path: Path) -> str:
+    """`steps/serve.py` → `serve`; `steps/checks/keys.py` → `checks` (a package is one library module)."""
+    return path.relative_to(ROOT / "steps").parts[0].removesuffix(".py")
+
+
+def test_no_step_module_imports_another_step_module():
+    """Steps share code through the library (artifacts, checks, formats, serving, ...), never each other."""
+    offenders = sorted(f"{p.relative_to(ROOT)} imports steps.{m}" for p in (ROOT / "steps").rglob("*.py")
+                       if _module_name(p) in STEP_MODULES
+                       for m in _steps_modules_imported(p) & STEP_MODULES - {_module_name(p)})
+    assert offenders == [], offenders
+
+
+def test_the_library_never_imports_a_step_module():
+    """Imports point down only: a library module that imported a step would make the layers a cycle."""
+    offenders = sorted(f"{p.relative_to(ROOT)} imports steps.{m}" for p in (ROOT / "steps").rglob("*.py")
+                       if _module_name(p) not in STEP_MODULES
+                       for m in _steps_modules_imported(p) & STEP_MODULES)
+    assert offenders == [], offenders
+
+
+def test_the_import_scan_sees_every_spelling(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("import steps.serve\nfrom steps import doctor as d\nfrom steps.train import run\n"
+                   "def f():\n    from steps.checks.keys import check_keys\n")
+    assert _steps_modules_imported(src) == {"serve", "doctor", "train", "checks"}
 
 
 def test_steps_never_import_prefect():

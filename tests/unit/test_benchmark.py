@@ -12,7 +12,8 @@ import socket
 
 import pytest
 
-from steps import benchmark
+from steps import benchmark, prompts
+from steps import launch as launching
 from steps.config import BenchmarkConfig
 from tests.builders import bigram_world, free_port
 
@@ -89,11 +90,10 @@ def test_report_markdown_and_png_are_written(bench):
 
 
 def test_the_servers_it_started_are_stopped_and_a_rerun_reuses_the_artifact(bench):
-    from steps import serve
 
     m = bench["manifest"]
     spec_url = m.meta["servers"]["speculative"]["url"]
-    assert serve.health_status(f"{spec_url}/health", timeout_s=2) is None
+    assert launching.health_status(f"{spec_url}/health", timeout_s=2) is None
     again = benchmark.run(bench["cfg"], bench["store"], bench["export_id"], bench["target_id"])
     assert again.id == m.id and again.created == m.created
 
@@ -101,10 +101,9 @@ def test_the_servers_it_started_are_stopped_and_a_rerun_reuses_the_artifact(benc
 def test_pinned_prompts_are_deterministic_and_match_verify_selection(bench):
     from transformers import AutoTokenizer
 
-    from steps import verify
 
     tok = AutoTokenizer.from_pretrained(bench["target_dir"])
     s = BenchmarkConfig(num_code_prompts=2)
     a, b = benchmark.pinned_prompts(bench["cfg"], s, tok), benchmark.pinned_prompts(bench["cfg"], s, tok)
     assert a == b and [p["id"] for p in a] == ["mtbench-81", "mtbench-82", "humaneval-0", "humaneval-1"]
-    assert [(p["id"], p["input_ids"]) for p in a[:2]] == verify.held_out_prompts(bench["cfg"], tok)
+    assert [(p["id"], p["input_ids"]) for p in a[:2]] == prompts.held_out_prompts(bench["cfg"], tok)

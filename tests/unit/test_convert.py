@@ -11,7 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from steps import convert, doctor, formats
+from steps import convert, layouts
+from steps.checks import strict
+from steps.checks.diagnose import diagnose, read_checkpoint
 from tests.builders import (
     LAYOUT_LAYER_IDS,
     LAYOUT_N,
@@ -34,8 +36,8 @@ def config(path):
 
 def test_round_trip_sglang_vllm_sglang_gives_identical_tensors_and_equivalent_config(tmp_path):
     src = eaglenest_layout(tmp_path, "sglang")
-    vllm = convert.convert(src, tmp_path / "v", "vllm", verifier="tiny")
-    back = convert.convert(vllm, tmp_path / "s", "sglang")
+    vllm = layouts.convert(src, tmp_path / "v", "vllm", verifier="tiny")
+    back = layouts.convert(vllm, tmp_path / "s", "sglang")
     a, b = tensors(src), tensors(back)
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
     assert config(back) == config(src)
@@ -43,13 +45,13 @@ def test_round_trip_sglang_vllm_sglang_gives_identical_tensors_and_equivalent_co
     # F4: SGLang ids are internal − 1; vLLM ids are internal
     assert config(src)["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in LAYER_IDS]
     assert config(vllm)["eagle_aux_hidden_state_layer_ids"] == LAYER_IDS
-    assert formats.check_engine_dir(vllm, "vllm") == [] and doctor.read_checkpoint(vllm).layout == "speculators"
+    assert strict.check_engine_dir(vllm, "vllm") == [] and read_checkpoint(vllm).layout == "speculators"
 
 
 def test_speculators_and_specforge_dirs_convert_to_a_strict_sglang_dir(tmp_path):
-    out = convert.convert(speculators_layout(tmp_path), tmp_path / "from-spec", "sglang")
-    assert formats.check_engine_dir(out, "sglang", expect={"layer_ids": LAYER_IDS}) == []
-    out2 = convert.convert(specforge_layout(tmp_path), tmp_path / "from-sf", "vllm", verifier="tiny",
+    out = layouts.convert(speculators_layout(tmp_path), tmp_path / "from-spec", "sglang")
+    assert strict.check_engine_dir(out, "sglang", expect={"layer_ids": LAYER_IDS}) == []
+    out2 = layouts.convert(specforge_layout(tmp_path), tmp_path / "from-sf", "vllm", verifier="tiny",
                            num_target_layers=N)
     assert config(out2)["eagle_aux_hidden_state_layer_ids"] == LAYER_IDS          # the server defaults, pinned
     assert "embed_tokens.weight" not in tensors(out2)                            # not invented
@@ -57,11 +59,11 @@ def test_speculators_and_specforge_dirs_convert_to_a_strict_sglang_dir(tmp_path)
 
 def test_the_eagle_official_release_is_repackaged_so_doctor_passes_f7(tmp_path):
     src = eagle_official_layout(tmp_path)
-    with pytest.raises(convert.ConvertError, match="--num-target-layers"):
-        convert.convert(src, tmp_path / "x", "sglang")
-    out = convert.convert(src, tmp_path / "fixed", "sglang", num_target_layers=N)
+    with pytest.raises(layouts.ConvertError, match="--num-target-layers"):
+        layouts.convert(src, tmp_path / "x", "sglang")
+    out = layouts.convert(src, tmp_path / "fixed", "sglang", num_target_layers=N)
     assert config(out)["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert {f.id: f.status for f in doctor.run(out)}["F7"] == "pass"
+    assert {f.id: f.status for f in diagnose(out)}["F7"] == "pass"
     assert torch.equal(tensors(out)["midlayer.self_attn.q_proj.weight"],
                        tensors(src)["midlayer.self_attn.q_proj.weight"])
 
@@ -72,28 +74,28 @@ def test_flags_that_cannot_be_carried_are_refused_by_name(tmp_path, flag):
     cfg = config(src)
     cfg[flag] = True
     (src / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(convert.ConvertError, match=flag):
-        convert.convert(src, tmp_path / "out", "sglang")
+    with pytest.raises(layouts.ConvertError, match=flag):
+        layouts.convert(src, tmp_path / "out", "sglang")
     assert list(tmp_path.glob("*out*")) == []                         # nothing half-written
 
 
 def test_unknown_keys_and_multi_layer_drafts_are_refused(tmp_path):
     src = specforge_layout(tmp_path, prefix="draft_model.")
-    with pytest.raises(convert.ConvertError, match="draft_model.fc.weight"):
-        convert.convert(src, tmp_path / "out", "vllm", verifier="tiny")
+    with pytest.raises(layouts.ConvertError, match="draft_model.fc.weight"):
+        layouts.convert(src, tmp_path / "out", "vllm", verifier="tiny")
     multi = specforge_layout(tmp_path / "m", config_edit=lambda c: c.update(num_hidden_layers=2))
-    with pytest.raises(convert.ConvertError, match="num_hidden_layers=2"):
-        convert.convert(multi, tmp_path / "out", "vllm", verifier="tiny")
+    with pytest.raises(layouts.ConvertError, match="num_hidden_layers=2"):
+        layouts.convert(multi, tmp_path / "out", "vllm", verifier="tiny")
     assert not (tmp_path / "out").exists()
 
 
 def test_an_existing_destination_is_never_overwritten_and_a_failed_check_leaves_nothing(tmp_path):
     src = eaglenest_layout(tmp_path, "sglang")
     (tmp_path / "taken").mkdir()
-    with pytest.raises(convert.ConvertError, match="already exists"):
-        convert.convert(src, tmp_path / "taken", "vllm", verifier="tiny")
-    with pytest.raises(convert.ConvertError, match="--verifier"):
-        convert.convert(src, tmp_path / "v", "vllm")
+    with pytest.raises(layouts.ConvertError, match="already exists"):
+        layouts.convert(src, tmp_path / "taken", "vllm", verifier="tiny")
+    with pytest.raises(layouts.ConvertError, match="--verifier"):
+        layouts.convert(src, tmp_path / "v", "vllm")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sglang", "taken"]
 
 

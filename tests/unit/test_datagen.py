@@ -14,6 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from steps import artifacts
 from steps import datagen as D  # noqa: E402
 from steps import target as T  # noqa: E402
 from steps.config import load_config  # noqa: E402
@@ -31,7 +32,7 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     store = open_store(f"file://{root / 'store'}")
     m = T.run(load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=100"]), store)
-    model, tok = T.load_target(store, m.id)
+    model, tok = artifacts.load_target(store, m.id)
     return store, m.id, model, tok
 
 
@@ -107,7 +108,7 @@ def test_datagen_local_writes_masked_conversations(tiny, clean_run):
     assert m.metrics["ok"] + m.metrics["empty"] == len(PROMPTS) and m.metrics["ok"] >= 6
     assert m.metrics["errors"] == 0 and m.metrics["skipped"] == 0 and m.metrics["tokens_per_s"] > 0
     assert [f["path"] for f in m.files] == [f"conversations/part-{i:05d}.jsonl" for i in range(3)]
-    rows = list(D.read_conversations(store, m.id))
+    rows = list(artifacts.read_conversations(store, m.id))
     assert len(rows) == m.metrics["ok"]
     assert sum(sum(r["loss_mask"]) for r in rows) == m.metrics["assistant_tokens"]
     assert sum(len(r["input_ids"]) for r in rows) == m.metrics["tokens"]
@@ -121,7 +122,7 @@ def test_datagen_is_greedy_deterministic_and_reused(tiny, clean_run):
     _, _, model, tok = tiny
     store, tid, path, m = clean_run
     assert D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK).created == m.created
-    row = next(D.read_conversations(store, m.id))
+    row = next(artifacts.read_conversations(store, m.id))
     enc = tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, return_tensors="pt",
                                   return_dict=True)
     with torch.no_grad():
@@ -134,7 +135,7 @@ def test_datagen_is_greedy_deterministic_and_reused(tiny, clean_run):
 def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
     _, tid, path, clean = clean_run
     store = open_store(f"file://{tmp_path / 'store'}")
-    src = T.target_dir(tiny[0], tid)  # same target artifact in a fresh store
+    src = artifacts.target_dir(tiny[0], tid)  # same target artifact in a fresh store
     dst = store.backend.local_path(store.key("target", tid))
     import shutil
     shutil.copytree(src, dst)
@@ -157,7 +158,7 @@ def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
     assert len(calls) == 1 and m.id == clean.id
     assert {k: v for k, v in m.metrics.items() if k not in ("gen_s", "tokens_per_s")} == \
         {k: v for k, v in clean.metrics.items() if k not in ("gen_s", "tokens_per_s")}
-    assert list(D.read_conversations(store, m.id)) == list(D.read_conversations(clean_run[0], clean.id))
+    assert list(artifacts.read_conversations(store, m.id)) == list(artifacts.read_conversations(clean_run[0], clean.id))
 
 
 def test_long_prompts_are_skipped_and_counted(tiny, tmp_path):
@@ -250,7 +251,7 @@ def test_openai_backend_counts_errors_per_prompt(tiny, tmp_path):
         server.close()
     assert m.metrics["errors"] == 1 and m.metrics["ok"] + m.metrics["empty"] == 5
     assert m.meta["backend"] == "openai" and m.metrics["generated_tokens"] > 0
-    for r in D.read_conversations(store, m.id):
+    for r in artifacts.read_conversations(store, m.id):
         assert r["messages"][-1]["content"] == server.answers[r["messages"][0]["content"]]
         assert masked_runs(tok, r["input_ids"], r["loss_mask"]) == [r["messages"][-1]["content"] + "<|im_end|>"]
 
@@ -269,7 +270,7 @@ def test_openai_backend_fails_without_manifest_when_nothing_succeeds(tiny, tmp_p
     assert store.list("dataset") == before  # no manifest: the failed dataset does not exist
 
 
-def test_cli_runs_the_target_step_and_prints_the_dataset_id(clean_run, capsys):
+def test_cli_finds_the_configs_target_artifact_and_prints_the_dataset_id(clean_run, capsys):
     store, tid, path, m = clean_run
     sets = ["target.tiny.pretrain_steps=100", f"dataset.sources=[{{kind: file, path: '{path}'}}]",
             "datagen.max_new_tokens=12", "datagen.batch_size=4"]

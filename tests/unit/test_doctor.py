@@ -14,6 +14,11 @@ import pytest
 import torch
 
 from steps import doctor
+from steps.checks.cuda_graph import check_cuda_graph
+from steps.checks.diagnose import diagnose, read_checkpoint
+from steps.checks.finding import Finding
+from steps.checks.tau import compare_tau
+from steps.layouts import detect_layout
 from tests.builders import (
     LAYOUT_H,
     LAYOUT_LAYER_IDS,
@@ -39,11 +44,11 @@ def target_dir(root: Path, **overrides) -> Path:
     return out
 
 
-def verdicts(path: Path, **kw) -> dict[str, doctor.Finding]:
-    return {f.id: f for f in doctor.run(path, **kw)}
+def verdicts(path: Path, **kw) -> dict[str, Finding]:
+    return {f.id: f for f in diagnose(path, **kw)}
 
 
-def failed(findings: dict[str, doctor.Finding]) -> set[str]:
+def failed(findings: dict[str, Finding]) -> set[str]:
     return {k for k, f in findings.items() if f.status == "fail"}
 
 
@@ -55,7 +60,7 @@ def failed(findings: dict[str, doctor.Finding]) -> set[str]:
 def test_healthy_layouts_pass_every_check(tmp_path, build, layout):
     path = build(tmp_path)
     found = verdicts(path, target=target_dir(tmp_path))
-    assert doctor.read_checkpoint(path).layout == layout
+    assert read_checkpoint(path).layout == layout
     assert failed(found) == set(), [str(f) for f in found.values()]
     assert {"F2", "F3", "F4", "F5", "F7"} <= {k for k, f in found.items() if f.status == "pass"}
 
@@ -75,8 +80,8 @@ def test_the_eagle_official_release_fails_f7_with_the_repackage_fix(tmp_path):
 def test_layout_detection_is_a_rules_table_not_a_path_guess(tmp_path):
     path = specforge_layout(tmp_path)
     renamed = path.rename(tmp_path / "speculators-vllm-export")       # a misleading name changes nothing
-    assert doctor.read_checkpoint(renamed).layout == "sglang"
-    assert doctor.detect_layout({"architectures": ["MistralForCausalLM"]}, ["fc.weight"]) == "unknown"
+    assert read_checkpoint(renamed).layout == "sglang"
+    assert detect_layout({"architectures": ["MistralForCausalLM"]}, ["fc.weight"]) == "unknown"
 
 
 # --- one broken checkpoint per row --------------------------------------------------------------------
@@ -158,15 +163,15 @@ def test_cli_json_has_exactly_ok_and_checks_and_exits_nonzero_on_fail(tmp_path, 
 # --- F9 / F6 verdicts from measured numbers (the live path is exercised in tests/integration) ------------
 
 def test_f9_offline_good_and_live_one_means_serving_not_training():
-    earlier = [doctor.Finding("F4", "fail", "captures [2, 3, 4]", "re-export")]
-    serving = doctor.compare_tau(2.0, 1.0, earlier)
+    earlier = [Finding("F4", "fail", "captures [2, 3, 4]", "re-export")]
+    serving = compare_tau(2.0, 1.0, earlier)
     assert serving.status == "fail" and "serving is misconfigured, not training" in serving.evidence
     assert "F4" in serving.evidence
-    both = doctor.compare_tau(1.0, 1.0, [])
+    both = compare_tau(1.0, 1.0, [])
     assert both.status == "fail" and "even offline" in both.evidence and "training" in both.fix
-    assert doctor.compare_tau(2.0, 1.9, []).status == "pass"
-    assert doctor.compare_tau(2.5, 1.5, []).status == "warn"
-    assert doctor.compare_tau(None, None, []).status == "skip"
+    assert compare_tau(2.0, 1.9, []).status == "pass"
+    assert compare_tau(2.5, 1.5, []).status == "warn"
+    assert compare_tau(None, None, []).status == "skip"
 
 
 def test_f6_reports_disabled_cuda_graphs_and_the_start_attempts(tmp_path):
@@ -174,6 +179,6 @@ def test_f6_reports_disabled_cuda_graphs_and_the_start_attempts(tmp_path):
                 {"cuda_graph": False, "outcome": "healthy", "seconds": 12.0}]
     record = tmp_path / "serve.json"
     record.write_text(json.dumps({"meta": {"attempts": attempts}}))
-    found = doctor.check_cuda_graph({"cuda_graph_backend_decode": "disabled"}, doctor.read_serve_record(record))
+    found = check_cuda_graph({"cuda_graph_backend_decode": "disabled"}, doctor.read_serve_record(record))
     assert found.status == "warn" and "cuda_graph=True" in found.evidence and "healthy" in found.evidence
-    assert doctor.check_cuda_graph({"cuda_graph_backend_decode": "full"}, None).status == "pass"
+    assert check_cuda_graph({"cuda_graph_backend_decode": "full"}, None).status == "pass"

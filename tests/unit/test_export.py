@@ -10,7 +10,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from steps import export, formats
+from steps import artifacts, export
+from steps.checks import strict
+from steps.formats.sglang_loader import load_sglang_draft
 from steps.store import open_store
 from tests.builders import (
     CANONICAL_DRAFT_KEYS,
@@ -60,8 +62,8 @@ def test_export_writes_both_engines_with_their_layer_ids_and_passes_the_checker(
     # the written names against the hand-written sets (the strict checker below reads steps.formats' own tables)
     expected_keys = {"sglang": CANONICAL_DRAFT_KEYS, "vllm": SPECULATORS_DRAFT_KEYS}
     for engine in ("sglang", "vllm"):
-        path = export.export_dir(world["store"], m.id, engine)
-        assert formats.check_engine_dir(path, engine, expect={"layer_ids": LAYER_IDS, "vocab_size": V}) == []
+        path = artifacts.export_dir(world["store"], m.id, engine)
+        assert strict.check_engine_dir(path, engine, expect={"layer_ids": LAYER_IDS, "vocab_size": V}) == []
         weights = load_file(str(path / "model.safetensors"))
         assert set(weights) == expected_keys[engine]
         assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
@@ -72,11 +74,11 @@ def test_export_writes_both_engines_with_their_layer_ids_and_passes_the_checker(
 
 
 def test_an_exported_sglang_dir_serves_the_trained_weights(world):
-    from steps.train import load_draft
+    from steps.artifacts import load_draft
 
     m = export.run(world["cfg"], world["store"], world["draft_id"], world["target_id"])
     draft, _ = load_draft(world["store"], world["draft_id"])
-    loaded, report = formats.load_sglang_draft(export.export_dir(world["store"], m.id, "sglang"))
+    loaded, report = load_sglang_draft(artifacts.export_dir(world["store"], m.id, "sglang"))
     assert report.dropped == [] and report.missing == []
     ids, hidden = torch.randint(0, V, (1, 5)), torch.randn(1, 5, 3 * H)
     with torch.no_grad():
@@ -87,15 +89,15 @@ def test_max_position_embeddings_comes_from_the_target_context_not_the_draft(wor
     cfg = pipeline_config(world["tdir"], target={"source": "hf_dir", "path": str(world["tdir"]),
                                                  "context_length": 4096})
     m = export.run(cfg, world["store"], world["draft_id"], world["target_id"])
-    sg = json.loads((export.export_dir(world["store"], m.id, "sglang") / "config.json").read_text())
-    vl = json.loads((export.export_dir(world["store"], m.id, "vllm") / "config.json").read_text())
+    sg = json.loads((artifacts.export_dir(world["store"], m.id, "sglang") / "config.json").read_text())
+    vl = json.loads((artifacts.export_dir(world["store"], m.id, "vllm") / "config.json").read_text())
     assert sg["max_position_embeddings"] == vl["transformer_layer_config"]["max_position_embeddings"] == 4096
     assert m.meta["draft_max_position_embeddings"] == 512
 
 
 def test_a_draft_whose_fc_width_disagrees_with_its_layer_ids_leaves_no_artifact(world):
     bad = put_draft(world["store"], world["tdir"], num_aux=2, seed=1)       # fc reads 2 aux, ids name 3
-    with pytest.raises(formats.FormatError, match="fc.weight"):
+    with pytest.raises(strict.FormatError, match="fc.weight"):
         export.run(world["cfg"], world["store"], bad, world["target_id"])
     exported_inputs = [world["store"].manifest("export", i).inputs["draft"] for i in world["store"].list("export")]
     assert bad not in exported_inputs
@@ -111,7 +113,7 @@ def test_export_dir_names_the_missing_engine(world):
     cfg = pipeline_config(world["tdir"], export={"engines": ["sglang"], "dtype": "float32"})
     m = export.run(cfg, world["store"], world["draft_id"], world["target_id"])
     with pytest.raises(KeyError, match="vllm"):
-        export.export_dir(world["store"], m.id, "vllm")
+        artifacts.export_dir(world["store"], m.id, "vllm")
 
 
 def test_the_cli_prints_the_export_id(world, tmp_path, capsys):

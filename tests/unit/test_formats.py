@@ -18,7 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from steps import formats
+from steps.checks import strict
 from steps.draft import DraftConfig, Eagle3Draft
+from steps.formats.sglang_loader import load_sglang_draft
 from tests.builders import CANONICAL_DRAFT_KEYS, SPECULATORS_DRAFT_KEYS
 
 V, VD, H = 96, 48, 64
@@ -138,7 +140,7 @@ def test_sglang_export_keys_are_exactly_what_sglang_0_5_23_load_weights_accepts(
     lands in a parameter (shard) or the hot-token map, and every parameter (shard) receives one key."""
     keys = set(load_file(str(write(tmp_path, "sglang", random_draft()) / formats.WEIGHTS_FILE)))
     assert keys == SGLANG_KEYS
-    res = {k: formats.sglang_resolve(k) for k in keys}
+    res = {k: formats.sglang.resolve(k) for k in keys}
     assert {k: (r.action, r.param, r.shard) for k, r in res.items()} == SGLANG_LANDS   # each shard exactly once
     assert res["midlayer.self_attn.k_proj.weight"] == formats.Resolution(
         "param", "model.layers.0.self_attn.qkv_proj.weight", "k", "midlayer.self_attn.k_proj.weight")
@@ -149,7 +151,7 @@ def test_vllm_export_keys_are_exactly_the_speculators_eagle3_keys_vllm_loads(tmp
     vllm/model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM.load_weights."""
     keys = set(load_file(str(write(tmp_path, "vllm", random_draft()) / formats.WEIGHTS_FILE)))
     assert keys == SPECULATORS_KEYS
-    res = {k: formats.vllm_resolve(k) for k in keys}
+    res = {k: formats.speculators.resolve(k) for k in keys}
     assert {k: (r.action, r.param, r.shard) for k, r in res.items()} == VLLM_LANDS
 
 
@@ -163,7 +165,7 @@ def test_vllm_export_keys_are_exactly_the_speculators_eagle3_keys_vllm_loads(tmp
     ("model.model.fc.weight", None), ("midlayer.self_attn.q_norm.weight", None),
 ])
 def test_sglang_rules_accept_midlayer_layers0_and_model_prefix_and_drop_everything_else(key, expected):
-    r = formats.sglang_resolve(key)
+    r = formats.sglang.resolve(key)
     assert (None if r.action == "dropped" else (r.param, r.shard)) == expected
 
 
@@ -198,8 +200,8 @@ def test_vllm_config_is_the_speculators_format_with_vllm_layer_ids(tmp_path):
 @pytest.mark.parametrize("engine", formats.ENGINES)
 def test_written_directories_pass_the_strict_checker(tmp_path, engine):
     path = write(tmp_path, engine, random_draft())
-    assert formats.check_engine_dir(path, engine, expect=EXPECT) == []
-    formats.assert_engine_dir(path, engine, expect=EXPECT)
+    assert strict.check_engine_dir(path, engine, expect=EXPECT) == []
+    strict.assert_engine_dir(path, engine, expect=EXPECT)
 
 
 def _without(key):
@@ -234,32 +236,32 @@ FAULTS = {
 def test_the_strict_checker_names_each_fault_with_its_catalogue_row(tmp_path, fault):
     change, where, row = FAULTS[fault]
     path = rewrite(write(tmp_path, "sglang", random_draft()), **change)
-    findings = formats.check_engine_dir(path, "sglang", expect=EXPECT)
-    assert any(where in f.where and f.row == row for f in findings), [str(f) for f in findings]
-    with pytest.raises(formats.FormatError, match=row):
-        formats.assert_engine_dir(path, "sglang", expect=EXPECT)
+    findings = strict.check_engine_dir(path, "sglang", expect=EXPECT)
+    assert any(where in f.where and f.id == row for f in findings), [str(f) for f in findings]
+    with pytest.raises(strict.FormatError, match=row):
+        strict.assert_engine_dir(path, "sglang", expect=EXPECT)
 
 
 def test_vllm_layer_ids_in_sglang_convention_are_caught(tmp_path):
     path = rewrite(write(tmp_path, "vllm", random_draft()),
                    config=lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 1, 2]))
-    findings = formats.check_engine_dir(path, "vllm", expect=EXPECT)
-    assert [f.row for f in findings] == ["F4"] and "internal [0, 1, 2]" in findings[0].message
+    findings = strict.check_engine_dir(path, "vllm", expect=EXPECT)
+    assert [f.id for f in findings] == ["F4"] and "internal [0, 1, 2]" in findings[0].evidence
 
 
 def test_sglang_names_in_a_vllm_directory_are_unknown_keys(tmp_path):
     path = rewrite(write(tmp_path, "vllm", random_draft()),
                    tensors=lambda t: {k.replace("layers.0.", "midlayer."): v for k, v in t.items()})
-    findings = formats.check_engine_dir(path, "vllm", expect=EXPECT)
-    assert {f.row for f in findings} == {"F2"}
-    assert sum("unknown" in f.message or "not the exact name" in f.message for f in findings) == 10
+    findings = strict.check_engine_dir(path, "vllm", expect=EXPECT)
+    assert {f.id for f in findings} == {"F2"}
+    assert sum("unknown" in f.evidence or "not the exact name" in f.evidence for f in findings) == 10
 
 
 # --- the lenient loader (SGLang's rules) -------------------------------------------------------------------
 
 def test_an_fp32_sglang_export_reloads_to_the_same_logits(tmp_path):
     draft = random_draft()
-    loaded, report = formats.load_sglang_draft(write(tmp_path, "sglang", draft))
+    loaded, report = load_sglang_draft(write(tmp_path, "sglang", draft))
     assert report.dropped == [] and report.missing == [] and report.hot_token_ids
     assert report.ignored == ["t2d"]
     assert torch.equal(loaded.d2t, draft.d2t)
@@ -268,7 +270,7 @@ def test_an_fp32_sglang_export_reloads_to_the_same_logits(tmp_path):
 
 def test_a_bf16_sglang_export_reloads_to_the_bf16_rounded_drafts_logits(tmp_path):
     draft = random_draft()
-    loaded, _ = formats.load_sglang_draft(write(tmp_path, "sglang", draft, dtype="bfloat16"))
+    loaded, _ = load_sglang_draft(write(tmp_path, "sglang", draft, dtype="bfloat16"))
     rounded = random_draft()
     with torch.no_grad():
         for p in rounded.parameters():
@@ -281,7 +283,7 @@ def test_an_unknown_prefixed_key_is_dropped_silently_but_reported(tmp_path):
     draft = random_draft()
     path = rewrite(write(tmp_path, "sglang", draft),
                    tensors=lambda t: t.update({"draft_model.fc.weight": torch.zeros_like(t["fc.weight"])}))
-    loaded, report = formats.load_sglang_draft(path)          # no error, as in SGLang
+    loaded, report = load_sglang_draft(path)          # no error, as in SGLang
     assert report.dropped == ["draft_model.fc.weight"] and report.missing == []
     assert torch.equal(draft_logits(loaded), draft_logits(draft))
 
@@ -289,7 +291,7 @@ def test_an_unknown_prefixed_key_is_dropped_silently_but_reported(tmp_path):
 def test_a_fully_prefixed_checkpoint_leaves_a_random_draft_and_says_so(tmp_path):
     draft = random_draft()
     path = rewrite(write(tmp_path, "sglang", draft), tensors=_prefix)
-    loaded, report = formats.load_sglang_draft(path)
+    loaded, report = load_sglang_draft(path)
     # every key dropped but d2t and t2d, which SGLang matches by substring ("d2t" in name, "t2d" in name)
     assert sorted(report.dropped) == sorted(f"draft_model.{k}" for k in SGLANG_KEYS - {"d2t", "t2d"})
     assert report.hot_token_ids
@@ -301,26 +303,26 @@ def test_layers0_and_model_prefixed_keys_load_as_in_sglang_0_5_23(tmp_path):
     draft = random_draft()
     path = rewrite(write(tmp_path, "sglang", draft), tensors=lambda t: {
         ("model." + k.replace("midlayer.", "layers.0.") if k != "lm_head.weight" else k): v for k, v in t.items()})
-    loaded, report = formats.load_sglang_draft(path)
+    loaded, report = load_sglang_draft(path)
     assert report.dropped == [] and report.missing == []
     assert torch.equal(draft_logits(loaded), draft_logits(draft))
 
 
 def test_missing_d2t_makes_draft_ids_target_ids(tmp_path):
     path = rewrite(write(tmp_path, "sglang", random_draft()), tensors=_without("d2t"))
-    loaded, report = formats.load_sglang_draft(path)
+    loaded, report = load_sglang_draft(path)
     assert not report.hot_token_ids and torch.equal(loaded.d2t, torch.zeros(VD, dtype=torch.int64))
 
 
 def test_missing_draft_vocab_size_fails_like_sglang(tmp_path):
     path = rewrite(write(tmp_path, "sglang", random_draft()), config=_without("draft_vocab_size"))
     with pytest.raises(AttributeError, match="draft_vocab_size"):
-        formats.load_sglang_draft(path)
+        load_sglang_draft(path)
 
 
 def test_a_speculators_directory_is_refused_like_sglang_does(tmp_path):
     with pytest.raises(ValueError, match="model_type"):
-        formats.load_sglang_draft(write(tmp_path, "vllm", random_draft()))
+        load_sglang_draft(write(tmp_path, "vllm", random_draft()))
 
 
 def test_the_targets_embedding_replaces_the_drafts(tmp_path):
@@ -330,6 +332,6 @@ def test_the_targets_embedding_replaces_the_drafts(tmp_path):
     target = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=128, num_hidden_layers=4,
                                           num_attention_heads=4, num_key_value_heads=2))
     path = rewrite(write(tmp_path, "sglang", random_draft()), tensors=_without("embed_tokens.weight"))
-    loaded, report = formats.load_sglang_draft(path, target=target)
+    loaded, report = load_sglang_draft(path, target=target)
     assert report.embed_from_target and report.missing == []
     assert torch.equal(loaded.embed_tokens.weight, target.get_input_embeddings().weight)

@@ -9,8 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from steps.artifacts import load_vocab
+from steps.checks.vocab import validate_vocab
 from steps.config import parse_config
-from steps.mapping import build_vocab, count_assistant_tokens, coverage, load_vocab, run, validate_vocab
+from steps.mapping import build_vocab, count_assistant_tokens, coverage, run
 from steps.store import open_store
 
 

@@ -1,4 +1,4 @@
-"""steps/reference_server.py and serve.start/run: real processes, real HTTP on 127.0.0.1.
+"""steps/reference_server.py and serving.start/run: real processes, real HTTP on 127.0.0.1.
 
 The world: a "bigram" tiny Llama target (decoder layers add nothing: o_proj and down_proj zero,
 orthonormal embeddings, so the next token is B(x)) with a byte-level ChatML tokenizer, and a
@@ -20,10 +20,13 @@ import urllib.request
 import pytest
 import torch
 
-from steps import serve, verify
+from steps import formats, serve, serving
+from steps import launch as launching
+from steps.checks.tau import ZERO_ACCEPTANCE_TAU
 from steps.engine import Engine
-from steps.formats import load_sglang_draft
+from steps.formats.sglang_loader import load_sglang_draft
 from steps.metrics import AcceptStats, acceptance_length_from_requests
+from steps.prompts import held_out_prompts
 from steps.reference_server import HANG_ENV
 from tests.builders import bigram_world, free_port
 
@@ -39,7 +42,7 @@ def get(url: str):
 
 
 def post(url: str, body: dict):
-    return serve.post_json(url, body, timeout_s=120)
+    return launching.post_json(url, body, timeout_s=120)
 
 
 # --- fixtures -----------------------------------------------------------------------------------------
@@ -71,22 +74,22 @@ def f6_run(world):
 def eagle_server(world, f6_run, tmp_path_factory):
     """The same draft behind --speculative-algorithm EAGLE (preflight bypassed on purpose); loads in parallel."""
     port = free_port()
-    cmd = serve.build_sglang_command(world["cfg"], target_path=world["target_dir"], draft_dir=world["draft_dir"],
-                                     port=port, launcher=serve.LAUNCHERS["reference"])
+    cmd = serving.build_sglang_command(world["cfg"], target_path=world["target_dir"], draft_dir=world["draft_dir"],
+                                     port=port, launcher=serving.LAUNCHERS["reference"])
     cmd[cmd.index("EAGLE3")] = "EAGLE"
     log = tmp_path_factory.mktemp("eagle") / "eagle.log"
     with log.open("wb") as f:
         process = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **ENV},
                                    start_new_session=True)
-    server = serve.Server(process, cmd, log, f"http://127.0.0.1:{port}/health_generate")
+    server = launching.Server(process, cmd, log, f"http://127.0.0.1:{port}/health_generate")
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def spec_server(world, eagle_server):
-    """serve.start: preflight, launch, smoke test, serve artifact; the server keeps running."""
-    manifest, server = serve.start(world["cfg"], world["store"], world["export_id"], world["target_id"], env=ENV)
+    """serving.start: preflight, launch, smoke test, serve artifact; the server keeps running."""
+    manifest, server = serving.start(world["cfg"], world["store"], world["export_id"], world["target_id"], env=ENV)
     yield manifest, server
     server.stop()
 
@@ -101,7 +104,7 @@ def test_serve_start_records_the_command_attempts_endpoint_logs_and_smoke_tau(wo
     assert "--speculative-algorithm EAGLE3" in manifest.meta["command"]
     assert [a["outcome"] for a in manifest.meta["attempts"]] == ["healthy"]
     assert manifest.meta["endpoint"] == server.base_url == f"http://127.0.0.1:{world['cfg'].serve.port}"
-    assert manifest.metrics["smoke_tau"] > serve.SMOKE_MIN_TAU
+    assert manifest.metrics["smoke_tau"] > ZERO_ACCEPTANCE_TAU
     log = world["store"].fetch_file("serve", manifest.id, manifest.meta["logs"][0]).read_text()
     assert "listening on" in log and "ready in" in log
 
@@ -141,8 +144,8 @@ def test_speculative_output_equals_plain_output_and_live_tau_matches_offline(wor
     target = AutoModelForCausalLM.from_pretrained(world["target_dir"], dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(world["target_dir"])
     draft, _ = load_sglang_draft(world["draft_dir"], target=target)
-    engine = Engine(target, tok, draft, layer_ids=verify.sglang_layer_ids(world["draft_dir"]), num_steps=K)
-    prompts = verify.held_out_prompts(cfg, tok)
+    engine = Engine(target, tok, draft, layer_ids=formats.sglang.sglang_layer_ids(world["draft_dir"]), num_steps=K)
+    prompts = held_out_prompts(cfg, tok)
     live = [post(f"{server.base_url}/generate", {"input_ids": ids, "sampling_params":
                                                  {"max_new_tokens": cfg.verify.max_new_tokens, "temperature": 0}})
             for _, ids in prompts]
@@ -186,10 +189,10 @@ def test_eagle_algorithm_skips_fc_and_live_tau_collapses_f1(world, spec_server, 
     """F1 for real: preflight refuses EAGLE; served anyway, the same draft accepts almost nothing."""
     _, good = spec_server
     bad = eagle_server
-    with pytest.raises(serve.PreflightError, match="F1"):
-        serve.assert_preflight(serve.preflight(world["draft_dir"], bad.command, target_config={}))
+    with pytest.raises(serving.PreflightError, match="F1"):
+        serving.assert_preflight(serving.preflight(world["draft_dir"], bad.command, target_config={}))
     deadline = time.monotonic() + 90
-    while serve.health_status(bad.health_url, 5) != 200:
+    while launching.health_status(bad.health_url, 5) != 200:
         assert bad.process.poll() is None and time.monotonic() < deadline, bad.log_path.read_text()
         time.sleep(0.5)
     prompts = [[5, 6, 7, 8, 9], [40, 41, 42], [100, 3, 77]]
@@ -199,8 +202,8 @@ def test_eagle_algorithm_skips_fc_and_live_tau_collapses_f1(world, spec_server, 
     tau_good = acceptance_length_from_requests(
         [post(f"{good.base_url}/generate", {**body, "input_ids": p})["meta_info"] for p in prompts])
     assert get(f"{bad.base_url}/server_info")[1]["speculative_algorithm"] == "EAGLE"
-    with pytest.raises(serve.SmokeTestError, match="F1"):
-        serve.smoke_test(world["cfg"], bad.base_url, prompts[0])
+    with pytest.raises(serving.SmokeTestError, match="F1"):
+        serving.smoke_test(world["cfg"], bad.base_url, prompts[0])
     print(f"EAGLE τ {tau_bad:.3f}  EAGLE3 τ {tau_good:.3f}")
     assert tau_bad <= 1.1 < 2.0 <= tau_good
     assert bad.stop() == 0                        # SIGTERM: a graceful exit
@@ -217,8 +220,8 @@ def test_a_cuda_graph_hang_times_out_then_serve_run_retries_without_graphs_f6(wo
     assert "--cuda-graph-backend-decode disabled" in attempts[1]["command"]
     first_log = world["store"].fetch_file("serve", manifest.id, manifest.meta["logs"][0]).read_text()
     assert "capturing CUDA graphs" in first_log
-    assert manifest.metrics["smoke_tau"] > serve.SMOKE_MIN_TAU
-    assert serve.health_status(f"{manifest.meta['endpoint']}/health", timeout_s=2) is None      # run stopped it
+    assert manifest.metrics["smoke_tau"] > ZERO_ACCEPTANCE_TAU
+    assert launching.health_status(f"{manifest.meta['endpoint']}/health", timeout_s=2) is None      # run stopped it
 
 
 def test_unknown_sglang_flags_are_recorded_and_baseline_drops_only_speculative_flags():
@@ -231,4 +234,4 @@ def test_unknown_sglang_flags_are_recorded_and_baseline_drops_only_speculative_f
     assert extra_flags(["--a", "--b", "x"]) == {"a": True, "b": "x"}
     cmd = ["py", "--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
            "--port", "1", "--enable-metrics"]
-    assert serve.baseline_command(cmd) == ["py", "--model-path", "m", "--port", "1", "--enable-metrics"]
+    assert serving.baseline_command(cmd) == ["py", "--model-path", "m", "--port", "1", "--enable-metrics"]

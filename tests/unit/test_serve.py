@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from steps import formats, serve
+from steps import formats, serve, serving
+from steps import launch as launching
+from steps.checks.context import LONGER_CONTEXT_ENV
+from steps.checks.finding import Finding
 from steps.config import PipelineConfig, parse_config
 
 # A real HTTP server standing in for SGLang's startup behaviour. It takes SGLang's flags, answers
@@ -77,7 +80,7 @@ def draft_config(**overrides) -> dict:
     draft = {"hidden_size": 128, "intermediate_size": 344, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 2048,
              "draft_vocab_size": 1024, "target_hidden_size": 128}
-    cfg = formats.sglang_config(draft, layer_ids=[1, 2, 3], max_position_embeddings=2048, dtype="bfloat16")
+    cfg = formats.sglang.build_config(draft, layer_ids=[1, 2, 3], max_position_embeddings=2048, dtype="bfloat16")
     cfg.update(overrides)
     return {k: v for k, v in cfg.items() if v is not ...}
 
@@ -108,7 +111,7 @@ def option(cmd: list[str], flag: str) -> str:
 def test_command_derives_eagle3_and_every_speculative_flag_from_the_draft_and_config(tmp_path):
     draft = write_draft(tmp_path)
     cfg = pipeline_config(serve={"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6, "cuda_graph_max_bs": 16})
-    cmd = serve.build_sglang_command(cfg, target_path="/models/target", draft_dir=draft)
+    cmd = serving.build_sglang_command(cfg, target_path="/models/target", draft_dir=draft)
     assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
     assert option(cmd, "--model-path") == "/models/target"
     assert option(cmd, "--speculative-algorithm") == "EAGLE3"
@@ -131,7 +134,7 @@ def test_command_keeps_the_draft_unquantized_under_a_quantized_target_and_passes
     cfg = pipeline_config(target={"quantization": "fp8", "tensor_parallel_size": 8, "context_length": 131072,
                                   "trust_remote_code": True},
                           serve={"host": "0.0.0.0", "port": 31000})
-    cmd = serve.build_sglang_command(cfg, target_path="/m", draft_dir=draft, port=31555)
+    cmd = serving.build_sglang_command(cfg, target_path="/m", draft_dir=draft, port=31555)
     assert option(cmd, "--quantization") == "fp8"
     assert option(cmd, "--speculative-draft-model-quantization") == "unquant"
     assert option(cmd, "--tp") == "8"
@@ -142,7 +145,7 @@ def test_command_keeps_the_draft_unquantized_under_a_quantized_target_and_passes
 
 
 def test_command_without_cuda_graphs_uses_the_per_phase_backend_flags(tmp_path):
-    cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=write_draft(tmp_path),
+    cmd = serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=write_draft(tmp_path),
                                      disable_cuda_graph=True)
     assert option(cmd, "--cuda-graph-backend-decode") == "disabled"
     assert option(cmd, "--cuda-graph-backend-prefill") == "disabled"
@@ -152,14 +155,14 @@ def test_command_without_cuda_graphs_uses_the_per_phase_backend_flags(tmp_path):
 def test_command_refuses_a_draft_architecture_with_no_known_algorithm(tmp_path):
     draft = write_draft(tmp_path, architectures=["LlamaForCausalLM"])
     with pytest.raises(KeyError, match=r"architectures\[0\]='LlamaForCausalLM'.*LlamaForCausalLMEagle3"):
-        serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+        serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
 
 
 # --- preflight ------------------------------------------------------------------------------------
 
-def failed(findings: list[serve.Finding]) -> dict[str, serve.Finding]:
+def failed(findings: list[Finding]) -> dict[str, Finding]:
     """The failed findings by catalogue row (the first of each row)."""
-    out: dict[str, serve.Finding] = {}
+    out: dict[str, Finding] = {}
     for f in findings:
         if f.status == "fail":
             out.setdefault(f.id, f)
@@ -168,10 +171,10 @@ def failed(findings: list[serve.Finding]) -> dict[str, serve.Finding]:
 
 def test_preflight_passes_the_command_we_build(tmp_path):
     draft = write_draft(tmp_path)
-    cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
-    findings = serve.preflight(draft, cmd, target_config=TARGET, env={})
+    cmd = serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+    findings = serving.preflight(draft, cmd, target_config=TARGET, env={})
     assert {f.id: f.status for f in findings} == {"F1": "pass", "F7": "pass", "F5": "pass", "F4": "pass"}
-    serve.assert_preflight(findings)
+    serving.assert_preflight(findings)
 
 
 @pytest.mark.parametrize("typed", [["--speculative-algorithm", "EAGLE"], ["--speculative-algorithm=NEXTN"],
@@ -180,98 +183,98 @@ def test_preflight_refuses_eagle_or_nextn_with_an_eagle3_draft(tmp_path, typed):
     draft = write_draft(tmp_path)
     cmd = ["python3", "-m", "sglang.launch_server", "--model-path", "/m", "--speculative-draft-model-path",
            str(draft), *typed]
-    f1 = failed(serve.preflight(draft, cmd, target_config=TARGET, env={}))["F1"]
+    f1 = failed(serving.preflight(draft, cmd, target_config=TARGET, env={}))["F1"]
     assert "use EAGLE3" in f1.fix and "aux layers" in f1.fix and "fc" in f1.fix
-    assert str(draft / "config.json") in f1.evidence
-    with pytest.raises(serve.PreflightError, match="F1"):
-        serve.assert_preflight(serve.preflight(draft, cmd, target_config=TARGET, env={}))
+    assert f1.where == str(draft / "config.json")
+    with pytest.raises(serving.PreflightError, match="F1"):
+        serving.assert_preflight(serving.preflight(draft, cmd, target_config=TARGET, env={}))
 
 
 def test_preflight_refuses_a_missing_or_null_draft_vocab_size(tmp_path):
     for value in (..., None):
         draft = write_draft(tmp_path, draft_vocab_size=value)
-        cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
-        f7 = failed(serve.preflight(draft, cmd, target_config=TARGET, env={}))["F7"]
-        assert "config.json:draft_vocab_size" in f7.evidence and "missing or null" in f7.evidence
+        cmd = serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+        f7 = failed(serving.preflight(draft, cmd, target_config=TARGET, env={}))["F7"]
+        assert "config.json:draft_vocab_size" in f7.where and "missing or null" in f7.evidence
         assert "re-export" in f7.fix
 
 
 def test_preflight_refuses_a_draft_declared_as_a_plain_llama(tmp_path):
     draft = write_draft(tmp_path, architectures=["LlamaForCausalLM"])
     cmd = ["sglang", "--speculative-algorithm", "EAGLE3"]
-    f7 = failed(serve.preflight(draft, cmd, target_config=TARGET, env={}))["F7"]
-    assert "config.json:architectures" in f7.evidence
+    f7 = failed(serving.preflight(draft, cmd, target_config=TARGET, env={}))["F7"]
+    assert "config.json:architectures" in f7.where
     assert "['LlamaForCausalLMEagle3']" in f7.evidence and "got ['LlamaForCausalLM']" in f7.evidence
     # its eagle_config still marks it as an EAGLE-3 draft, so EAGLE is refused for it too
-    assert "F1" in failed(serve.preflight(draft, ["--speculative-algorithm", "EAGLE"], target_config=TARGET, env={}))
+    assert "F1" in failed(serving.preflight(draft, ["--speculative-algorithm", "EAGLE"], target_config=TARGET, env={}))
 
 
 def test_preflight_refuses_a_draft_built_for_another_target_vocab(tmp_path):
     draft = write_draft(tmp_path)
-    cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
-    problems = failed(serve.preflight(draft, cmd, target_config={**TARGET, "vocab_size": 49152}, env={}))
+    cmd = serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+    problems = failed(serving.preflight(draft, cmd, target_config={**TARGET, "vocab_size": 49152}, env={}))
     assert any("vocab_size" in f.evidence and "49152" in f.evidence for f in problems.values())
 
 
 def test_preflight_refuses_a_draft_context_shorter_than_the_serving_context_and_names_three_fixes(tmp_path):
     draft = write_draft(tmp_path, max_position_embeddings=2048)
     cfg = pipeline_config(target={"context_length": 8192})
-    cmd = serve.build_sglang_command(cfg, target_path="/m", draft_dir=draft)
-    f5 = failed(serve.preflight(draft, cmd, target_config=TARGET, env={}))["F5"]
+    cmd = serving.build_sglang_command(cfg, target_path="/m", draft_dir=draft)
+    f5 = failed(serving.preflight(draft, cmd, target_config=TARGET, env={}))["F5"]
     assert "max_position_embeddings=2048 < serving context length 8192" in f5.evidence
-    assert "re-export" in f5.fix and "--context-length" in f5.fix and serve.LONGER_CONTEXT_ENV in f5.fix
+    assert "re-export" in f5.fix and "--context-length" in f5.fix and LONGER_CONTEXT_ENV in f5.fix
     # the env override lets SGLang start, so it is a warning, not a refusal
-    env = {serve.LONGER_CONTEXT_ENV: "1"}
-    statuses = {f.id: f.status for f in serve.preflight(draft, cmd, target_config=TARGET, env=env)}
+    env = {LONGER_CONTEXT_ENV: "1"}
+    statuses = {f.id: f.status for f in serving.preflight(draft, cmd, target_config=TARGET, env=env)}
     assert statuses["F5"] == "warn"
 
 
 def test_preflight_takes_the_serving_context_from_the_target_when_no_flag_is_given(tmp_path):
     draft = write_draft(tmp_path, max_position_embeddings=1024)
-    cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
-    assert "F5" in failed(serve.preflight(draft, cmd, target_config=TARGET, env={}))
+    cmd = serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+    assert "F5" in failed(serving.preflight(draft, cmd, target_config=TARGET, env={}))
 
 
 def test_preflight_refuses_aux_layer_ids_the_target_cannot_capture(tmp_path):
     # SGLang id 3 = internal 4 = the output of the last of 4 layers: never captured
     draft = write_draft(tmp_path, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 3],
                                                 "use_aux_hidden_state": True})
-    cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
-    f4 = failed(serve.preflight(draft, cmd, target_config=TARGET, env={}))["F4"]
+    cmd = serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+    f4 = failed(serving.preflight(draft, cmd, target_config=TARGET, env={}))["F4"]
     assert "eagle_aux_hidden_state_layer_ids=[0, 1, 3]" in f4.evidence and "[4]" in f4.evidence
 
 
 def test_preflight_refuses_aux_ids_a_deepseek_target_would_shift_differently(tmp_path):
     # internal [1, 2, 3] → SGLang [0, 1, 2]: deepseek_v2.py adds +1 only when the first id is 1
     draft = write_draft(tmp_path)
-    cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+    cmd = serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
     deepseek = {**TARGET, "architectures": ["DeepseekV3ForCausalLM"]}
-    f4 = failed(serve.preflight(draft, cmd, target_config=deepseek, env={}))["F4"]
+    f4 = failed(serving.preflight(draft, cmd, target_config=deepseek, env={}))["F4"]
     assert "capture internal [0, 1, 2] instead of the trained [1, 2, 3]" in f4.evidence
     assert "internal 2" in f4.fix
     (tmp_path / "ok").mkdir()
     ok = write_draft(tmp_path / "ok", eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2],
                                                     "use_aux_hidden_state": True})
-    assert "F4" not in failed(serve.preflight(ok, cmd, target_config=deepseek, env={}))
+    assert "F4" not in failed(serving.preflight(ok, cmd, target_config=deepseek, env={}))
 
 
 def test_preflight_refuses_aux_ids_only_at_the_top_level(tmp_path):
     draft = write_draft(tmp_path, eagle_config=..., eagle_aux_hidden_state_layer_ids=[1, 2, 3])
-    cmd = serve.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
-    findings = serve.preflight(draft, cmd, target_config=TARGET, env={})
+    cmd = serving.build_sglang_command(pipeline_config(), target_path="/m", draft_dir=draft)
+    findings = serving.preflight(draft, cmd, target_config=TARGET, env={})
     assert any("eagle_config only" in f.evidence for f in findings if (f.id, f.status) == ("F4", "fail"))
 
 
 def test_target_config_falls_back_to_the_declared_shape(tmp_path):
     cfg = pipeline_config(target={"source": "hf_dir", "path": "/gpu-host/moe", "num_hidden_layers": 61,
                                   "hidden_size": 7168, "context_length": 65536})
-    assert serve.target_config_for(cfg.target, tmp_path / "absent") == {
+    assert serving.target_config_for(cfg.target, tmp_path / "absent") == {
         "num_hidden_layers": 61, "hidden_size": 7168, "max_position_embeddings": 65536}
     tiny = pipeline_config(target={"context_length": 4096})
-    assert serve.target_config_for(tiny.target, tmp_path / "absent") == {
+    assert serving.target_config_for(tiny.target, tmp_path / "absent") == {
         "num_hidden_layers": 4, "hidden_size": 128, "vocab_size": 2048, "max_position_embeddings": 4096}
     (tmp_path / "config.json").write_text(json.dumps(TARGET))
-    assert serve.target_config_for(cfg.target, tmp_path) == TARGET
+    assert serving.target_config_for(cfg.target, tmp_path) == TARGET
 
 
 # --- CLI ------------------------------------------------------------------------------------------
@@ -284,7 +287,7 @@ def test_cli_prints_the_exact_command(tmp_path, capsys):
                      "--print-command", "--port", "31999"])
     out = capsys.readouterr().out.strip()
     assert rc == 0
-    expected = serve.build_sglang_command(pipeline_config(), target_path=str(tmp_path / "target"),
+    expected = serving.build_sglang_command(pipeline_config(), target_path=str(tmp_path / "target"),
                                           draft_dir=str(draft), port=31999)
     assert shlex.split(out) == expected
 
@@ -322,18 +325,18 @@ def test_launch_waits_for_health_then_stop_ends_the_process_group(tmp_path, fake
     port, child_pid_file = free_port(), tmp_path / "child.pid"
     cmd = [*fake_server, "--port", str(port), "--ready-after-s", "1.5", "--child-pid-file", str(child_pid_file)]
     started = time.monotonic()
-    server = serve.launch(cmd, log_path=tmp_path / "log" / "server.log", health_url=health(port), timeout_s=20,
+    server = launching.launch(cmd, log_path=tmp_path / "log" / "server.log", health_url=health(port), timeout_s=20,
                           env={"EAGLENEST_TEST_MARK": "from-launch"})
     waited = time.monotonic() - started
     try:
         assert 1.5 <= waited < 10
-        assert serve.health_status(health(port)) == 200
+        assert launching.health_status(health(port)) == 200
         child = int(child_pid_file.read_text())
         assert pid_alive(child)
     finally:
         server.stop(grace_s=5)
     assert server.process.returncode is not None
-    assert serve.health_status(health(port)) is None
+    assert launching.health_status(health(port)) is None
     time.sleep(0.2)  # let init reap the child
     assert not pid_alive(child), "stop() must end the server's children (SGLang scheduler processes)"
     # the server's output is in the log, and it saw the extra variable on top of our environment
@@ -343,7 +346,7 @@ def test_launch_waits_for_health_then_stop_ends_the_process_group(tmp_path, fake
 def test_stop_kills_a_server_that_ignores_sigterm_after_the_grace_period(tmp_path, fake_server):
     port = free_port()
     cmd = [*fake_server, "--port", str(port), "--ignore-sigterm"]
-    server = serve.launch(cmd, log_path=tmp_path / "s.log", health_url=health(port), timeout_s=20)
+    server = launching.launch(cmd, log_path=tmp_path / "s.log", health_url=health(port), timeout_s=20)
     started = time.monotonic()
     rc = server.stop(grace_s=1.0)
     assert rc == -9
@@ -354,16 +357,16 @@ def test_launch_kills_the_server_at_the_deadline(tmp_path, fake_server):
     port = free_port()
     cmd = [*fake_server, "--port", str(port), "--hang-with-cuda-graphs"]
     started = time.monotonic()
-    with pytest.raises(serve.ServerStartError, match="not healthy after 2 s"):
-        serve.launch(cmd, log_path=tmp_path / "s.log", health_url=health(port), timeout_s=2)
+    with pytest.raises(launching.ServerStartError, match="not healthy after 2 s"):
+        launching.launch(cmd, log_path=tmp_path / "s.log", health_url=health(port), timeout_s=2)
     assert time.monotonic() - started < 10
-    assert serve.health_status(health(port)) is None, "the hung server must be killed at the deadline"
+    assert launching.health_status(health(port)) is None, "the hung server must be killed at the deadline"
 
 
 def test_launch_reports_a_server_that_exits_during_startup(tmp_path, fake_server):
     port = free_port()
-    with pytest.raises(serve.ServerStartError, match="exited with code 2"):
-        serve.launch([*fake_server, "--port", str(port), "--exit-code", "2"], log_path=tmp_path / "s.log",
+    with pytest.raises(launching.ServerStartError, match="exited with code 2"):
+        launching.launch([*fake_server, "--port", str(port), "--exit-code", "2"], log_path=tmp_path / "s.log",
                      health_url=health(port), timeout_s=20)
 
 
@@ -374,13 +377,13 @@ def test_a_cuda_graph_hang_is_retried_once_without_cuda_graphs_and_both_attempts
     draft = write_draft(tmp_path)
 
     def command_for(disable: bool) -> list[str]:
-        cmd = serve.build_sglang_command(cfg, target_path="/m", draft_dir=draft, port=port,
+        cmd = serving.build_sglang_command(cfg, target_path="/m", draft_dir=draft, port=port,
                                          disable_cuda_graph=disable, launcher=fake_server)
         return [*cmd, "--hang-with-cuda-graphs"]
 
-    with serve.launch_with_fallback(command_for, log_dir=tmp_path / "logs", health_url=health(port),
+    with launching.launch_with_fallback(command_for, log_dir=tmp_path / "logs", health_url=health(port),
                                     timeout_s=2) as server:
-        assert serve.health_status(health(port)) == 200
+        assert launching.health_status(health(port)) == 200
         attempts = server.attempts
     assert [a["cuda_graph"] for a in attempts] == [True, False]
     assert attempts[0]["outcome"].startswith("failed:") and "not healthy after 2 s" in attempts[0]["outcome"]
@@ -388,13 +391,13 @@ def test_a_cuda_graph_hang_is_retried_once_without_cuda_graphs_and_both_attempts
     assert attempts[0]["seconds"] >= 2 and attempts[1]["seconds"] < 10
     assert "--cuda-graph-max-bs-decode" in attempts[0]["command"]
     assert "--cuda-graph-backend-decode disabled" in attempts[1]["command"]
-    assert serve.health_status(health(port)) is None
+    assert launching.health_status(health(port)) is None
 
 
 def test_two_failed_attempts_raise_with_both_recorded(tmp_path, fake_server):
     port = free_port()
-    with pytest.raises(serve.ServerStartError) as err:
-        serve.launch_with_fallback(lambda disable: [*fake_server, "--port", str(port), "--exit-code", "3"],
+    with pytest.raises(launching.ServerStartError) as err:
+        launching.launch_with_fallback(lambda disable: [*fake_server, "--port", str(port), "--exit-code", "3"],
                                    log_dir=tmp_path, health_url=health(port), timeout_s=10)
     assert [a["cuda_graph"] for a in err.value.attempts] == [True, False]
     assert all("exited with code 3" in a["outcome"] for a in err.value.attempts)

@@ -13,6 +13,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from steps import artifacts
 from steps import target as T  # noqa: E402
 from steps.config import ConfigError, load_config  # noqa: E402
 from steps.store import open_store, sha256_file  # noqa: E402
@@ -69,7 +70,7 @@ def test_tiny_target_is_a_real_language_model(tiny):
     store, m, seconds = tiny
     print(f"tiny target build: {seconds:.1f} s, metrics {m.metrics}")
     assert m.metrics["pretrain_loss_final"] < 0.7 * math.log(2048) < m.metrics["pretrain_loss_first"]
-    model, tok = T.load_target(store, m.id)
+    model, tok = artifacts.load_target(store, m.id)
     assert not model.training and model.dtype == torch.float32
     assert tok.eos_token == "<|im_end|>" and len(tok) == 2048
     answers = []
@@ -104,7 +105,7 @@ def test_tiny_target_is_deterministic_for_a_seed(tmp_path):
 
 def test_target_config_and_declared_shape_mismatch(tiny):
     store, m, _ = tiny
-    conf = T.target_config(store, m.id)
+    conf = artifacts.target_config(store, m.id)
     assert conf["num_hidden_layers"] == 4 and conf["vocab_size"] == 2048
     with pytest.raises(ConfigError, match="target.hidden_size=256"):
         T.run(tiny_cfg("target.hidden_size=256"), store)
@@ -116,8 +117,8 @@ def test_hf_dir_is_recorded_by_path_not_copied(tmp_path):
     cfg = load_config("configs/tiny.yaml", ["target.source=hf_dir", f"target.path={d}", "target.num_hidden_layers=4"])
     m = T.run(cfg, store)
     assert m.files == [] and m.meta["path"] == str(d.resolve())
-    assert T.target_dir(store, m.id) == d.resolve()
-    model, tok = T.load_target(store, m.id)
+    assert artifacts.target_dir(store, m.id) == d.resolve()
+    model, tok = artifacts.load_target(store, m.id)
     assert model.config.hidden_size == 64 and tok.eos_token == "<|im_end|>"
     with pytest.raises(ConfigError, match="target.num_hidden_layers=30.*has num_hidden_layers=4"):
         T.run(load_config("configs/tiny.yaml", ["target.source=hf_dir", f"target.path={d}",
@@ -125,7 +126,7 @@ def test_hf_dir_is_recorded_by_path_not_copied(tmp_path):
     conf = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**conf, "rms_norm_eps": 1e-3}))
     with pytest.raises(ValueError, match="changed since target"):
-        T.target_dir(store, m.id)
+        artifacts.target_dir(store, m.id)
 
 
 def test_hf_dir_refuses_pickle_weights(tmp_path):
@@ -166,13 +167,13 @@ def test_smollm2_converts_and_knows_paris(tmp_path):
     t0 = time.perf_counter()
     m = T.run(load_config("configs/smollm2-135m.yaml"), store)
     convert_s = time.perf_counter() - t0
-    model, tok = T.load_target(store, m.id)
+    model, tok = artifacts.load_target(store, m.id)
     enc = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**enc, max_new_tokens=20, do_sample=False)
     answer = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     print(f"smollm2 convert {convert_s:.1f} s; answer {answer!r}")
     assert "Paris" in answer
-    assert T.target_config(store, m.id)["num_hidden_layers"] == 30
-    weights = T.target_dir(store, m.id) / "model.safetensors"
+    assert artifacts.target_config(store, m.id)["num_hidden_layers"] == 30
+    weights = artifacts.target_dir(store, m.id) / "model.safetensors"
     assert sha256_file(weights) == m.file("model.safetensors")["sha256"]

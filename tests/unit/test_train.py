@@ -13,14 +13,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from steps.artifacts import load_draft
+from steps.checks.vocab import validate_vocab
 from steps.config import parse_config
-from steps.mapping import build_vocab, validate_vocab
+from steps.mapping import build_vocab
 from steps.shards import write_shard
 from steps.store import open_store
 from steps.train import (
     build_plan,
     layouts,
-    load_draft,
     lr_at,
     pack,
     read_target_head,

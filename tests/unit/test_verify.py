@@ -12,8 +12,9 @@ import json
 import pytest
 import torch
 
-from steps import export, verify
+from steps import artifacts, export, formats, verify
 from steps.engine import Engine
+from steps.prompts import held_out_prompts
 from steps.store import open_store
 from tests.builders import bigram_world, free_port, put_random_draft, tiny_pipeline_config, tiny_target_dir
 
@@ -72,7 +73,7 @@ def test_verify_measures_the_tau_worked_out_by_hand_for_the_copying_draft(copyin
     target = AutoModelForCausalLM.from_pretrained(w["target_dir"], dtype=torch.float32)
     with torch.no_grad():
         b = target(input_ids=torch.arange(target.config.vocab_size)[:, None]).logits[:, -1].argmax(-1).tolist()
-    last = {ids[-1] for _, ids in verify.held_out_prompts(w["cfg"], tok)}
+    last = {ids[-1] for _, ids in held_out_prompts(w["cfg"], tok)}
     assert last == {tok.convert_tokens_to_ids("Ċ")}                       # byte-level "\n"
     path = [last.pop()]
     for _ in range(4):
@@ -81,7 +82,7 @@ def test_verify_measures_the_tau_worked_out_by_hand_for_the_copying_draft(copyin
 
     m = verify.run(w["cfg"], w["store"], w["export_id"], w["target_id"])
     assert m.metrics["accept_histogram"] == [0, 3, 0, 18] and m.metrics["verify_steps"] == 21
-    assert m.metrics["acceptance_length"] == pytest.approx(26 / 7, abs=1e-12)
+    assert m.metrics["tau"] == pytest.approx(26 / 7, abs=1e-12)
     assert m.metrics["per_position_acceptance"] == pytest.approx([1.0, 18 / 21, 18 / 21], abs=1e-12)
     assert m.metrics["tokens"] == 3 * 24 and m.metrics["mismatches"] == 0
     report = json.loads(w["store"].fetch_file("verify", m.id, "report.json").read_text())
@@ -91,18 +92,18 @@ def test_verify_measures_the_tau_worked_out_by_hand_for_the_copying_draft(copyin
 def test_held_out_prompts_are_chat_templated_mtbench_first_turns(world):
     from transformers import AutoTokenizer
 
-    from steps.target import target_dir
+    from steps.artifacts import target_dir
 
     tok = AutoTokenizer.from_pretrained(target_dir(world["store"], world["target_id"]))
-    prompts = verify.held_out_prompts(world["cfg"], tok)
+    prompts = held_out_prompts(world["cfg"], tok)
     assert [pid for pid, _ in prompts] == ["mtbench-81", "mtbench-82"]
     text = tok.decode(prompts[0][1])
     assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
 
 
 def test_layer_ids_are_read_back_the_way_sglang_captures_them(world):
-    path = export.export_dir(world["store"], world["export_id"], "sglang")
-    assert verify.sglang_layer_ids(path) == LAYER_IDS          # eagle_config holds [0, 1, 2]; SGLang adds 1
+    path = artifacts.export_dir(world["store"], world["export_id"], "sglang")
+    assert formats.sglang.sglang_layer_ids(path) == LAYER_IDS          # eagle_config holds [0, 1, 2]; SGLang adds 1
 
 
 class AcceptEverything(Engine):
@@ -116,11 +117,11 @@ class AcceptEverything(Engine):
 
 
 def test_an_engine_that_changes_the_output_is_caught(world):
-    from steps.formats import load_sglang_draft
-    from steps.target import load_target
+    from steps.artifacts import load_target
+    from steps.formats.sglang_loader import load_sglang_draft
 
     target, tok = load_target(world["store"], world["target_id"])
-    draft, _ = load_sglang_draft(export.export_dir(world["store"], world["export_id"], "sglang"), target=target)
+    draft, _ = load_sglang_draft(artifacts.export_dir(world["store"], world["export_id"], "sglang"), target=target)
     engine = AcceptEverything(target, tok, draft, layer_ids=LAYER_IDS, num_steps=3)
     _, rows = verify.measure(engine, [("p", [5, 6, 7, 8])], 12, None)
     assert rows[0]["match"] is False and rows[0]["first_diff"] is not None

@@ -1,0 +1,158 @@
+"""Artifact readers: one function per artifact kind, so no step imports another step to read its output.
+
+A step writes its artifact (`store.begin(...).commit(...)`); every later step, tool and flow reads it
+through here. Each reader verifies what it returns: files against the manifest (sizes and sha256,
+`steps/store.py`), a recorded `hf_dir` target against its config hash, the vocab map against F3
+(`steps/checks/vocab.py`). File names shared by a writer and its readers are defined here once.
+
+| kind      | written by          | read with                                                  |
+|-----------|---------------------|------------------------------------------------------------|
+| `target`  | steps/target.py     | `target_dir`, `target_config`, `load_target`, `load_tokenizer` |
+| `dataset` | steps/datagen.py    | `read_conversations`                                        |
+| `vocab`   | steps/mapping.py    | `load_vocab`                                                |
+| `draft`   | steps/train.py      | `load_draft`                                                |
+| `export`  | steps/export.py     | `export_dir`                                                |
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from steps.checks.vocab import validate_vocab
+from steps.config import PipelineConfig
+from steps.draft import DraftConfig, Eagle3Draft
+from steps.store import Store, artifact_id, sha256_file
+
+# --- file names shared by writers and readers ----------------------------------------------------------
+
+#: dataset: `conversations/part-{i:05d}.jsonl`, read in name order.
+CONVERSATIONS_DIR = "conversations"
+#: vocab: `d2t` int64 offsets and `t2d` bool in one safetensors file.
+VOCAB_FILE = "vocab.safetensors"
+#: draft: canonical weights (fp32, with d2t/t2d), the DraftConfig + layer ids + target facts, the log.
+DRAFT_MODEL_FILE, DRAFT_CONFIG_FILE, DRAFT_LOG_FILE = "model.safetensors", "draft_config.json", "train_log.jsonl"
+
+#: what the `smollm2` target is converted from and stored as (part of its artifact id).
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: storage dtype of the converted SmolLM2 weights (compute is fp32 on CPU; bf16 halves the disk).
+SMOLLM2_STORAGE_DTYPE = torch.bfloat16
+
+
+# --- target ----------------------------------------------------------------------------------------------
+
+def config_sha256(model_dir: Path) -> str:
+    """sha256 of a model directory's config.json ("" when absent): how a recorded `hf_dir` is pinned."""
+    path = Path(model_dir) / "config.json"
+    return sha256_file(path) if path.is_file() else ""
+
+
+def target_identity(cfg: PipelineConfig) -> dict[str, Any]:
+    """What determines the target's weights (its artifact id); names and serving fields do not."""
+    t = cfg.target
+    if t.source == "tiny":
+        return {"source": "tiny", "tiny": t.tiny.model_dump(mode="json"), "seed": cfg.seed}
+    if t.source == "smollm2":
+        return {"source": "smollm2", "gguf": SMOLLM2_GGUF, "storage_dtype": str(SMOLLM2_STORAGE_DTYPE)}
+    path = Path(str(t.path)).resolve()
+    return {"source": "hf_dir", "path": str(path), "config_sha256": config_sha256(path),
+            "weights": sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))}
+
+
+def target_artifact_id(cfg: PipelineConfig) -> str:
+    """The id the target step gives (or gave) the target of this config."""
+    return artifact_id("target", target_identity(cfg))
+
+
+def target_dir(store: Store, target_id: str) -> Path:
+    """A local HF model directory for a target artifact (verified against its manifest)."""
+    m = store.manifest("target", target_id)
+    if m.meta.get("source") != "hf_dir":
+        return store.fetch("target", target_id)
+    path = Path(m.meta["path"])
+    if config_sha256(path) != m.meta["config_sha256"]:
+        raise ValueError(f"{path}/config.json changed since target {target_id} was recorded; the draft "
+                         "would be trained for a different model. Re-run the target step.")
+    return path
+
+
+def target_config(store: Store, target_id: str) -> dict[str, Any]:
+    """The target's config.json."""
+    return json.loads((target_dir(store, target_id) / "config.json").read_text())
+
+
+def load_tokenizer(store: Store, target_id: str) -> Any:
+    """The target's tokenizer; remote code only if the target config allowed it."""
+    from transformers import AutoTokenizer
+
+    m = store.manifest("target", target_id)
+    return AutoTokenizer.from_pretrained(target_dir(store, target_id),
+                                         trust_remote_code=bool(m.meta.get("trust_remote_code")))
+
+
+def load_target(store: Store, target_id: str, *, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer); safetensors only, remote code only if the config allowed it."""
+    from transformers import AutoModelForCausalLM
+
+    m = store.manifest("target", target_id)
+    model = AutoModelForCausalLM.from_pretrained(target_dir(store, target_id), dtype=dtype, use_safetensors=True,
+                                                 trust_remote_code=bool(m.meta.get("trust_remote_code")))
+    return model.to(device).eval(), load_tokenizer(store, target_id)
+
+
+# --- dataset ---------------------------------------------------------------------------------------------
+
+def conversations_path(chunk: int) -> str:
+    """Where chunk `chunk` of a dataset's conversations lives inside the artifact."""
+    return f"{CONVERSATIONS_DIR}/part-{chunk:05d}.jsonl"
+
+
+def read_conversations(store: Store, dataset_id: str) -> Iterator[dict[str, Any]]:
+    """The rows of a dataset artifact, chunk by chunk in order (each file verified)."""
+    m = store.manifest("dataset", dataset_id)
+    for rec in sorted(m.files, key=lambda r: r["path"]):
+        if rec["path"].startswith(f"{CONVERSATIONS_DIR}/"):
+            with open(store.fetch_file("dataset", dataset_id, rec["path"], m)) as f:
+                for line in f:
+                    yield json.loads(line)
+
+
+# --- vocab -----------------------------------------------------------------------------------------------
+
+def load_vocab(store: Store, vocab_id: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) of a vocab artifact, validated (F3)."""
+    m = store.manifest("vocab", vocab_id)
+    tensors = load_file(str(store.fetch_file("vocab", vocab_id, VOCAB_FILE, m)))
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    target_vocab = int(m.meta.get("target_vocab", t2d.numel() if t2d is not None else 0))
+    validate_vocab(d2t, t2d, target_vocab)
+    return d2t, t2d
+
+
+# --- draft -----------------------------------------------------------------------------------------------
+
+def load_draft(store: Store, draft_id: str) -> tuple[Eagle3Draft, dict[str, Any]]:
+    """(draft in eval mode, draft_config.json) of a draft artifact; the vocab map is re-validated (F3)."""
+    m = store.manifest("draft", draft_id)
+    meta = json.loads(Path(store.fetch_file("draft", draft_id, DRAFT_CONFIG_FILE, m)).read_text())
+    model = Eagle3Draft(DraftConfig.from_dict(meta))
+    model.load_state_dict(load_file(str(store.fetch_file("draft", draft_id, DRAFT_MODEL_FILE, m))))
+    validate_vocab(model.d2t, model.t2d, model.cfg.vocab_size)
+    return model.eval(), meta
+
+
+# --- export ----------------------------------------------------------------------------------------------
+
+def export_dir(store: Store, export_id: str, engine: str) -> Path:
+    """A verified local directory of one engine's export (`sglang` or `vllm`)."""
+    m = store.manifest("export", export_id)
+    if engine not in m.meta.get("engines", {}):
+        raise KeyError(f"export {export_id} has no {engine!r} directory; it holds {sorted(m.meta.get('engines', {}))} "
+                       "(set export.engines to include it and re-run export)")
+    return store.fetch("export", export_id) / engine
