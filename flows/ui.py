@@ -70,7 +70,7 @@ def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, 
     failing = [f["id"] for f in decision.get("diagnosis", []) if f["status"] == "fail"]
     return {"verdict": decision["verdict"], "reasons": list(decision.get("reasons", [])),
             "tau_live": candidate.get("tau"), "speedup_live": candidate.get("speedup"),
-            "tau_offline": offline.get("tau", offline.get("acceptance_length")),
+            "tau_offline": offline.get("tau"),
             "speedup_offline": offline.get("speedup"),
             "export": export_uri, "sglang": f"{export_uri}/sglang", "vllm": f"{export_uri}/vllm",
             "doctor": failing, "fix": (decision.get("fix") or {}).get("how")}

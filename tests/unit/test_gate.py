@@ -212,7 +212,7 @@ def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world
 def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
     from flows.ui import result_lines, run_result
 
-    records = {"verify": {"metrics": {"acceptance_length": 1.6721311, "speedup": 0.41}}}
+    records = {"verify": {"metrics": {"tau": 1.6721311, "speedup": 0.41}}}
     decision = {"verdict": "reject", "reasons": ["live τ 1.338 < gate.min_tau 5.0"],
                 "candidate": {"tau": 1.3380952, "speedup": 0.38}, "diagnosis": [], "fix": None}
     result = run_result(records, decision, export_uri="file:///s/artifacts/export/e1")
