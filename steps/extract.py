@@ -387,15 +387,16 @@ def run_rounds(writer: ArtifactWriter, backend: CaptureBackend, rounds: list[lis
 # --- the step -----------------------------------------------------------------------------------
 
 def begin_hidden(store: Store, cfg: PipelineConfig, art_id: str, inputs: dict[str, str],
-                 rank: int = 0) -> tuple[ArtifactWriter, ScratchDir]:
+                 rank: int = 0, join: str | None = None) -> tuple[ArtifactWriter, ScratchDir]:
     """The artifact writer, staging in this rank's scratch dir outside the store.
 
     For a file:// store `store.begin` stages inside the store folder itself, where "upload" is a
     no-op and local bytes could not be told from uploaded ones; staging apart keeps the budget
-    logic the same for file and s3 stores.
+    logic the same for file and s3 stores. Ranks other than 0 `join` the attempt rank 0 holds the lease of.
     """
     scratch = ScratchDir(scratch_root(store, art_id) / f"rank-{rank}")
-    writer = store.begin("hidden", art_id, step="extract", inputs=inputs, config=cfg.extract, staging=scratch.root)
+    writer = store.begin("hidden", art_id, step="extract", inputs=inputs, config=cfg.extract, staging=scratch.root,
+                         join=join)
     return writer, scratch
 
 
@@ -448,7 +449,13 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
     plans = plan_shards([len(s["input_ids"]) for s in sequences], ex.shard_tokens,
                         hidden_size=tcfg["hidden_size"], num_aux=len(layer_ids), storage_dtype=ex.storage_dtype)
     plan_rounds(plans, ex.disk_budget_bytes, world.size)  # fail before any work if one shard cannot fit
-    writer, scratch = begin_hidden(store, cfg, art_id, inputs, world.rank)
+    writer, scratch = begin_hidden(store, cfg, art_id, inputs) if world.is_main else (None, None)
+    # One attempt per job: rank 0 holds the lease (or found the artifact committed meanwhile), the others join.
+    attempt = distributed.all_gather_object(world, writer.attempt if writer else None)[0]
+    if attempt == "reused" or (writer is not None and writer.reused is not None):
+        return store.manifest("hidden", art_id)
+    if writer is None or scratch is None:
+        writer, scratch = begin_hidden(store, cfg, art_id, inputs, world.rank, join=attempt)
     check_resumed(writer, plans)
     todo = [p for p in plans if not writer.has(p.path)]
     mine = distributed.split_contiguous(todo, world)
@@ -458,7 +465,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
     ranks = distributed.all_gather_object(world, stats)       # also: every rank's uploads are done
     if world.is_main:
         if world.distributed:                                  # see the other ranks' uploads too
-            writer = store.begin("hidden", art_id, step="extract", inputs=inputs, config=ex, staging=scratch.root)
+            writer.reload()
         writer.commit(metrics=extract_metrics(writer, plans, ranks),
                       meta=extract_meta(writer, plans, cfg, tcfg, layer_ids, ranks))
         shutil.rmtree(scratch_root(store, art_id), ignore_errors=True)

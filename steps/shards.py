@@ -107,7 +107,25 @@ def write_shard(path: str | Path, input_ids: list[list[int]], loss_masks: list[l
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=metadata)
+    canonicalize_header(path)
     return {"tokens": tokens, "sequences": len(lengths), "bytes": path.stat().st_size}
+
+
+def canonicalize_header(path: str | Path) -> None:
+    """Rewrite a safetensors header in place as sorted, compact JSON.
+
+    safetensors serialises `__metadata__` from a hash map, so its key order (and the file's sha256)
+    varied from run to run: two extractions of the same id wrote different bytes. The sorted header
+    has the same length (the same keys and values, compact either way); padded with spaces as
+    safetensors pads, so tensor offsets do not move."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        if len(text) > n:
+            raise ValueError(f"{path}: sorted safetensors header is {len(text)} bytes, longer than the {n} written")
+        f.seek(8)
+        f.write(text.ljust(n, b" "))
 
 
 def read_shard(path: str | Path) -> dict[str, Any]:

@@ -2,9 +2,20 @@
 
 Layout under the store root (a local folder for `file://`, a bucket prefix for `s3://`):
 
-    artifacts/<kind>/<id>/<data files>     written first
-    artifacts/<kind>/<id>/manifest.json    written last: no manifest, no artifact
-    aliases/<name>.json                    {"kind", "id", "previous", "updated"}
+    staging/<kind>/<id>/lease.json             who is writing this artifact now (owner, heartbeat, TTL)
+    staging/<kind>/<id>/<attempt>/<files>      that writer's files and `.partial/` upload records
+    artifacts/<kind>/<id>/<data files>         put in place at commit, never written to before
+    artifacts/<kind>/<id>/manifest.json        created last and only if absent: no manifest, no artifact
+    quarantine/<kind>/<id>/<time>/             a committed artifact that failed verification
+    aliases/<name>.json                        {"kind", "id", "previous", "updated"}
+
+Commit protocol. One writer at a time holds an artifact's lease (created only if absent; taken
+over by compare-and-swap once its heartbeat is older than its TTL or its process is gone); others
+wait for it, then reuse what it committed. The holder stages under its own attempt prefix; commit
+moves the files into `artifacts/<kind>/<id>/` (file://: one `rename` of the attempt folder, which
+fails if another writer's folder is there; s3://: server-side copies) and creates the manifest
+with an exclusive create (file: `os.link`; S3: `PUT If-None-Match: *`). A writer that finds a
+manifest at commit verifies it and reuses it. A killed writer's attempt is resumed by the next one.
 
 An artifact id is derived from what produced it (kind, config section, input ids), so the same
 inputs give the same id and finished work is reused. Readers verify every file's size and sha256
@@ -14,18 +25,28 @@ against the manifest before use. Promotion moves aliases; nothing is overwritten
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
+import time
+import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlparse
+
+log = logging.getLogger("eaglenest.store")
 
 CODE_VERSION = "0.1.0"
 #: bumped when a change makes earlier artifacts of the same config wrong to reuse.
@@ -35,6 +56,13 @@ MANIFEST = "manifest.json"
 PARTIAL = ".partial"
 #: S3's limit for one PUT; objects put whole up to this size get their md5 as ETag.
 SINGLE_PUT_MAX_BYTES = 5 * 1024**3
+LEASE = "lease.json"
+#: seconds without a heartbeat after which a writer's lease may be taken over (EAGLENEST_LEASE_TTL).
+LEASE_TTL_S = 120.0
+#: what a kind or an id may look like: one path segment, never `.`, `..`, `/` or absolute. Step ids are
+#: `artifact_id()`'s 16 hex; the wider set admits hand-named test fixtures, not paths.
+SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+ARTIFACT_ID = re.compile(r"[0-9a-f]{16}")
 
 
 class ArtifactError(RuntimeError):
@@ -47,6 +75,24 @@ def sha256_file(src: str | Path | BinaryIO) -> str:
         return hashlib.file_digest(src, "sha256").hexdigest()
     with open(src, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_ref(kind: str, art_id: str) -> None:
+    """Refuse a kind or id that is not one plain path segment, so nothing outside the store is read."""
+    for what, value in (("kind", kind), ("id", art_id)):
+        if not isinstance(value, str) or not SEGMENT.fullmatch(value):
+            raise ArtifactError(f"artifact {what} {value!r} is not a plain name (ids are 16 hex digits, e.g. "
+                                f"{artifact_id('x', {})}); '..', '/' and absolute paths are refused")
+
+
+def parse_artifact_id(text: str) -> str:
+    """An artifact id as given on a command line: exactly 16 lowercase hex digits (argparse `type=`)."""
+    if not ARTIFACT_ID.fullmatch(text):
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"{text!r} is not an artifact id (16 hex digits, as printed by the step "
+                                         "that made it)")
+    return text
 
 
 def canonical_json(obj: Any) -> str:
@@ -106,6 +152,9 @@ class Backend(Protocol):
     def stat(self, key: str) -> dict[str, Any] | None: ...
     def put_file_whole(self, key: str, local: Path) -> None: ...
     def sha256(self, key: str) -> str | None: ...
+    def create_bytes(self, key: str, data: bytes) -> bool: ...
+    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool: ...
+    def move_prefix(self, src: str, dst: str) -> bool: ...
 
 
 def md5_file(path: str | Path) -> str:
@@ -176,6 +225,53 @@ class FileBackend:
         """sha256 hex of the stored file, or None if it is absent."""
         p = self._p(key)
         return sha256_file(p) if p.is_file() else None
+
+    def create_bytes(self, key: str, data: bytes) -> bool:
+        """Create `key` holding `data` unless it exists; False if it did. The bytes are complete in a temp
+        file first and `os.link` publishes them: it fails when the name exists, so two creators never
+        both win and a reader never sees half a file."""
+        dst = self._p(key)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.tmp-{uuid.uuid4().hex}")
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, dst)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
+
+    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool:
+        """Replace (or, with data None, delete) `key` only if it still holds `expect`: compare-and-swap
+        under an flock, so a lease is taken over by one writer only."""
+        dst = self._p(key)
+        if not dst.parent.is_dir():
+            return False
+        with open(dst.with_name(f".{dst.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not dst.is_file() or dst.read_bytes() != expect:
+                return False
+            if data is None:
+                dst.unlink()
+            else:
+                self.put_bytes(key, data)
+            return True
+
+    def move_prefix(self, src: str, dst: str) -> bool:
+        """Rename folder `src` to `dst` in one step; False if `dst` exists and is not empty (another
+        writer's folder is there) or `src` is gone."""
+        target = self._p(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(self._p(src), target)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            if err.errno in (39, 17):  # ENOTEMPTY, EEXIST
+                return False
+            raise
 
 
 class S3Backend:
@@ -303,6 +399,47 @@ class S3Backend:
         with body:
             return sha256_file(body)
 
+    def create_bytes(self, key: str, data: bytes) -> bool:
+        """PUT with `If-None-Match: *`: S3 (and moto 5.2.5, checked) answer 412 when the key exists."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as err:
+            if err.response["Error"]["Code"] in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+
+    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool:
+        """Replace or delete `key` only if its ETag is still the md5 of `expect` (`If-Match`, honoured
+        by S3 and moto for PUT and DELETE)."""
+        from botocore.exceptions import ClientError
+
+        etag = f'"{hashlib.md5(expect, usedforsecurity=False).hexdigest()}"'
+        try:
+            if data is None:
+                self.client.delete_object(Bucket=self.bucket, Key=self._k(key), IfMatch=etag)
+            else:
+                self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfMatch=etag)
+            return True
+        except ClientError as err:
+            if err.response["Error"]["Code"] in ("PreconditionFailed", "412", "NoSuchKey", "404",
+                                                 "ConditionalRequestConflict"):
+                return False
+            raise
+
+    def move_prefix(self, src: str, dst: str) -> bool:
+        """Server-side copy of every object under `src` to `dst`, then delete the sources (S3 has no rename;
+        callers hold the artifact's lease, so no one else writes `dst` meanwhile)."""
+        keys = self.list(src)
+        for k in keys:
+            self.client.copy({"Bucket": self.bucket, "Key": self._k(k)}, self.bucket,
+                             self._k(dst + k[len(src):]))
+        for k in keys:
+            self.delete(k)
+        return bool(keys)
+
 
 # --- manifests --------------------------------------------------------------------------------------
 
@@ -320,8 +457,14 @@ class Manifest:
     created: str = ""
     code_version: str = ""
 
+    def checksum(self) -> str:
+        """sha256 of the canonical JSON of every field: what `manifest_sha256` holds."""
+        return hashlib.sha256(canonical_json(self.__dict__).encode()).hexdigest()
+
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, indent=2, sort_keys=True, default=str)
+        """The stored form, with `manifest_sha256` over the rest, so an edited manifest is caught."""
+        return json.dumps({**self.__dict__, "manifest_sha256": self.checksum()}, indent=2, sort_keys=True,
+                          default=str)
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
@@ -342,7 +485,11 @@ class Manifest:
                 values[name] = f.default_factory()
             else:
                 raise ArtifactError(f"manifest has no {name!r} field (expected {sorted(cls.__dataclass_fields__)})")
-        return cls(**values)
+        m = cls(**values)
+        if data.get("manifest_sha256") != m.checksum():
+            raise ArtifactError("manifest_sha256 does not match the manifest's content (edited by hand, or "
+                                "written before manifests carried checksums)")
+        return m
 
     def file(self, path: str) -> dict[str, Any]:
         for f in self.files:
@@ -355,23 +502,90 @@ class Manifest:
         return sum(int(f["size"]) for f in self.files)
 
 
-class ArtifactWriter:
-    """Stages files for one artifact; `commit()` uploads what is left and writes the manifest last.
+def _pid_gone(pid: int) -> bool:
+    """True when no process `pid` runs on this host (a zombie counts as gone: it is dead, only unreaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
-    Files can be committed early with `upload(path)` (extraction uploads each shard as soon as it
-    is written, then deletes the local copy): they are recorded with size and sha256 and are
-    visible to a resumed run through `store.partial_files(...)`.
+
+def lease_is_dead(rec: dict[str, Any]) -> bool:
+    """A lease may be taken over when its heartbeat is older than its TTL, or sooner when its owner
+    provably cannot renew it: a process of this host that is gone, or this very process (a process does
+    not race itself; its abandoned writer finds the lease gone and stops)."""
+    if time.time() - float(rec.get("heartbeat", 0)) > float(rec.get("ttl", LEASE_TTL_S)):
+        return True
+    if rec.get("host") != socket.gethostname():
+        return False
+    return rec.get("pid") == os.getpid() or _pid_gone(int(rec.get("pid", 0)))
+
+
+def _heartbeat(ref: weakref.ReferenceType, stop: threading.Event, every: float) -> None:
+    """Renew a writer's lease until it commits, is discarded or is garbage (holds only a weak reference)."""
+    while not stop.wait(every):
+        writer = ref()
+        if writer is None or not writer.renew():
+            return
+        del writer
+
+
+class ArtifactWriter:
+    """Stages files for one attempt at an artifact; `commit()` puts them in place and creates the manifest.
+
+    Files can be uploaded early with `upload(path)` (extraction uploads each shard as soon as it is
+    written, then deletes the local copy): they are recorded with size and sha256 under the attempt,
+    and a later writer that takes the lease over resumes from them (`store.partial_files(...)`).
+    `reused` is set when another writer committed the artifact while this one waited for the lease:
+    callers return it instead of recomputing, and `commit()` hands it back.
     """
 
-    def __init__(self, store: Store, manifest: Manifest, staging: Path):
-        self.store, self.manifest, self.staging = store, manifest, staging
+    def __init__(self, store: Store, manifest: Manifest, staging: Path, attempt: str, *,
+                 lease: bytes | None = None, reused: Manifest | None = None):
+        self.store, self.manifest, self.staging, self.attempt = store, manifest, staging, attempt
+        self.reused, self._lease, self.lost = reused, lease, False
         self._uploaded: dict[str, dict[str, Any]] = {}
-        for rec in store.partial_files(manifest.kind, manifest.id):
+        if reused is None:
+            self.reload()
+        self._stop = threading.Event()
+        if lease is not None:
+            ttl = float(json.loads(lease)["ttl"])
+            threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop, ttl / 4),
+                             daemon=True, name=f"lease-{manifest.id}").start()
+            weakref.finalize(self, self._stop.set)
+
+    def reload(self) -> None:
+        """Pick up the upload records of the attempt, including those other ranks of the job wrote."""
+        for rec in self.store.partial_files(self.manifest.kind, self.manifest.id, self.attempt):
             self._uploaded[rec["path"]] = rec
 
     @property
     def key(self) -> str:
-        return self.store.key(self.manifest.kind, self.manifest.id)
+        """The attempt's staging prefix in the store (never the artifact's final folder)."""
+        return f"{self.store.staging_key(self.manifest.kind, self.manifest.id)}/{self.attempt}"
+
+    def renew(self) -> bool:
+        """Refresh the lease's heartbeat; False (and `lost`) if another writer took it over."""
+        if self._lease is None:
+            return True
+        new = json.dumps({**json.loads(self._lease), "heartbeat": time.time()}).encode()
+        if self.store.backend.swap_bytes(self.store.lease_key(self.manifest.kind, self.manifest.id), new, self._lease):
+            self._lease = new
+            return True
+        self.lost = True
+        return False
+
+    def _check_lease(self) -> None:
+        if self.lost:
+            raise ArtifactError(f"{self.store.artifact_uri(self.manifest.kind, self.manifest.id)}: this writer's "
+                                "lease was taken over (no heartbeat for longer than its TTL); its work is "
+                                "abandoned, re-run the step to reuse or resume the other writer's")
 
     def path(self, rel: str) -> Path:
         """Local staging path for a data file (parents created)."""
@@ -387,6 +601,7 @@ class ArtifactWriter:
 
     def upload(self, rel: str, *, delete_local: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Upload a staged file now, verify it landed, record it; optionally delete the local copy."""
+        self._check_lease()
         local = self.staging / rel
         size, digest = local.stat().st_size, sha256_file(local)
         self.store.backend.put_file(f"{self.key}/{rel}", local)
@@ -402,7 +617,13 @@ class ArtifactWriter:
         return rec
 
     def commit(self, *, metrics: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> Manifest:
-        """Upload remaining staged files, then write the manifest (last)."""
+        """Upload what is left, move the attempt into place, create the manifest (last, only if absent).
+
+        Returns the committed manifest: this writer's, or the first writer's when another one won."""
+        kind, art_id = self.manifest.kind, self.manifest.id
+        if self.reused is not None:
+            return self.reused
+        self._check_lease()
         for p in sorted(self.staging.rglob("*")):
             rel = p.relative_to(self.staging).as_posix()
             if p.is_file() and rel not in self._uploaded and is_data_file(rel):
@@ -414,11 +635,53 @@ class ArtifactWriter:
         m.meta.update(meta or {})
         m.created = utc_now()
         m.code_version = code_version()
-        self.store.backend.put_bytes(f"{self.key}/{MANIFEST}", m.to_json().encode())
-        for rel in list(self._uploaded):
-            self.store.backend.delete(f"{self.key}/{PARTIAL}/{rel}.json")
-        _remove_empty_dirs(self.store.backend.local_path(f"{self.key}/{PARTIAL}"))
-        return m
+        backend, final = self.store.backend, self.store.key(kind, art_id)
+        if self.store.exists(kind, art_id):          # another writer finished first: reuse, drop ours
+            self.discard()
+            return self.store.manifest(kind, art_id)
+        # Upload records are resume state, not artifact files: gone before the attempt moves into place.
+        for k in backend.list(f"{self.key}/{PARTIAL}/"):
+            backend.delete(k)
+        _remove_empty_dirs(backend.local_path(f"{self.key}/{PARTIAL}"))
+        listed = {f["path"] for f in m.files}
+        local = backend.local_path(self.key)
+        leftovers = ([p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()] if local is not None
+                     else [k[len(self.key) + 1:] for k in backend.list(f"{self.key}/")])
+        for rel in leftovers:                       # temp and hidden files, removed checkpoints: not the artifact
+            if rel not in listed:
+                backend.delete(f"{self.key}/{rel}")
+        if backend.local_path(final) is not None:
+            # file://: the manifest goes in with the files, and one rename publishes both; it fails when
+            # a folder is already there (a winner's, or debris without a valid manifest: quarantined).
+            backend.put_bytes(f"{self.key}/{MANIFEST}", m.to_json().encode())
+            while not backend.move_prefix(self.key, final):
+                if self.store.exists(kind, art_id):
+                    self.discard()
+                    return self.store.manifest(kind, art_id)
+                self.store.quarantine(kind, art_id, "an unfinished folder without a valid manifest")
+        else:
+            backend.move_prefix(f"{self.key}/", f"{final}/")
+            if not backend.create_bytes(f"{final}/{MANIFEST}", m.to_json().encode()):
+                self.discard()
+                return self.store.manifest(kind, art_id)
+        self.discard()
+        return self.store.manifest(kind, art_id)
+
+    def discard(self) -> None:
+        """Drop this attempt's staging (store and local) and release the lease."""
+        backend = self.store.backend
+        for k in backend.list(f"{self.key}/"):
+            backend.delete(k)
+        local = backend.local_path(self.key)
+        if local is not None:
+            shutil.rmtree(local, ignore_errors=True)
+        if self.staging != local:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        self._stop.set()
+        if self._lease is not None and not self.lost:
+            backend.swap_bytes(self.store.lease_key(self.manifest.kind, self.manifest.id), None, self._lease)
+            self._lease = None
+        _remove_empty_dirs(backend.local_path(self.store.staging_key(self.manifest.kind, self.manifest.id)))
 
 
 class Store:
@@ -430,39 +693,85 @@ class Store:
     # ids and keys
     @staticmethod
     def key(kind: str, art_id: str) -> str:
+        check_ref(kind, art_id)
         return f"artifacts/{kind}/{art_id}"
+
+    @staticmethod
+    def staging_key(kind: str, art_id: str) -> str:
+        check_ref(kind, art_id)
+        return f"staging/{kind}/{art_id}"
+
+    def lease_key(self, kind: str, art_id: str) -> str:
+        return f"{self.staging_key(kind, art_id)}/{LEASE}"
 
     def artifact_uri(self, kind: str, art_id: str) -> str:
         return f"{self.uri.rstrip('/')}/{self.key(kind, art_id)}"
 
     # reading
     def exists(self, kind: str, art_id: str) -> bool:
-        return self.backend.size(f"{self.key(kind, art_id)}/{MANIFEST}") is not None
+        """True for a committed artifact whose manifest checks out and whose files have their sizes (the
+        reuse check of every step). A broken one is quarantined, so the step that asked recomputes it;
+        reading its files still verifies their sha256."""
+        if self.backend.size(f"{self.key(kind, art_id)}/{MANIFEST}") is None:
+            return False
+        try:
+            m = self.manifest(kind, art_id)
+            for rec in m.files:
+                size = self.backend.size(f"{self.key(kind, art_id)}/{rec['path']}")
+                if size != rec["size"]:
+                    raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{rec['path']}: size {size} != "
+                                        f"manifest {rec['size']}")
+        except ArtifactError as err:
+            self.quarantine(kind, art_id, str(err))
+            return False
+        return True
+
+    def quarantine(self, kind: str, art_id: str, reason: str) -> str:
+        """Move a broken artifact folder aside to `quarantine/<kind>/<id>/<time>/` (kept for inspection,
+        out of every reader's way) and log one line; returns where it went."""
+        dst = f"quarantine/{kind}/{art_id}/{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
+        if self.backend.local_path(dst) is not None:
+            self.backend.move_prefix(self.key(kind, art_id), dst)
+        else:
+            self.backend.move_prefix(f"{self.key(kind, art_id)}/", f"{dst}/")
+        log.warning("store: quarantined %s to %s: %s; the step that makes it will recompute it",
+                    self.artifact_uri(kind, art_id), self.object_uri(dst), reason.replace("\n", " "))
+        return dst
 
     def manifest(self, kind: str, art_id: str) -> Manifest:
+        where = f"{self.artifact_uri(kind, art_id)}/{MANIFEST}"
         raw = self.backend.get_bytes(f"{self.key(kind, art_id)}/{MANIFEST}")
         if raw is None:
             raise ArtifactError(f"no artifact {kind}/{art_id} in {self.uri} (no manifest: missing "
                                 "or not finished; re-run the step that makes it)")
         try:
-            return Manifest.from_json(raw.decode())
+            m = Manifest.from_json(raw.decode())
         except (ArtifactError, UnicodeDecodeError) as err:
-            raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{MANIFEST}: {err} (corrupt; re-run the "
-                                "step that makes it)") from None
+            raise ArtifactError(f"{where}: {err} (corrupt; re-run the step that makes it: it quarantines "
+                                "this artifact and rebuilds it)") from None
+        if (m.kind, m.id) != (kind, art_id):
+            raise ArtifactError(f"{where}: holds {m.kind}/{m.id}, not {kind}/{art_id} (moved by hand?); re-run "
+                                "the step that makes it")
+        return m
 
     def list(self, kind: str) -> list[str]:
         keys = (k.split("/") for k in self.backend.list(f"artifacts/{kind}/"))
         return sorted({parts[2] for parts in keys if len(parts) == 4 and parts[3] == MANIFEST})
 
-    def partial_files(self, kind: str, art_id: str) -> list[dict[str, Any]]:
-        """Files uploaded by an unfinished run of this artifact (for resume)."""
-        prefix = f"{self.key(kind, art_id)}/{PARTIAL}/"
+    def partial_files(self, kind: str, art_id: str, attempt: str | None = None) -> list[dict[str, Any]]:
+        """Files uploaded by an unfinished attempt at this artifact (default: the one its lease names)."""
+        if attempt is None:
+            raw = self.backend.get_bytes(self.lease_key(kind, art_id))
+            if raw is None:
+                return []
+            attempt = json.loads(raw)["attempt"]
+        base = f"{self.staging_key(kind, art_id)}/{attempt}"
         out = []
-        for k in self.backend.list(prefix):
+        for k in self.backend.list(f"{base}/{PARTIAL}/"):
             raw = self.backend.get_bytes(k)
             if raw:
                 rec = json.loads(raw)
-                if self.backend.size(f"{self.key(kind, art_id)}/{rec['path']}") == rec["size"]:
+                if self.backend.size(f"{base}/{rec['path']}") == rec["size"]:
                     out.append(rec)
         return out
 
@@ -535,23 +844,66 @@ class Store:
 
     # writing
     def begin(self, kind: str, art_id: str, *, step: str, inputs: dict[str, str] | None = None,
-              config: Any = None, staging: Path | None = None) -> ArtifactWriter:
-        """Start (or resume) writing an artifact.
+              config: Any = None, staging: Path | None = None, join: str | None = None) -> ArtifactWriter:
+        """Start, resume or wait to reuse an artifact: take its lease (waiting while another live writer
+        holds it; resuming the attempt of a dead one), or `join` an attempt another rank of this job
+        holds. When the artifact is committed meanwhile, the writer's `reused` is its manifest.
 
         Files are staged in `staging` when given (extraction stages shards in a scratch folder so
-        its disk budget is measured the same way for every backend), else beside the store
-        (file://) or in the cache (s3://).
+        its disk budget is measured the same way for every backend), else in the attempt's staging
+        folder of the store (file://) or in the cache (s3://).
         """
         from steps.config import config_dict, section_hash
 
         cfg = config_dict(config) if config is not None else {}
         m = Manifest(kind=kind, id=art_id, step=step, inputs=dict(inputs or {}),
                      config_hash=section_hash(cfg) if cfg else "", config=cfg)
-        if staging is None:
-            local = self.backend.local_path(self.key(kind, art_id))
-            staging = local if local is not None else self.cache_dir / "staging" / kind / art_id
+        lease, reused = None, None
+        if join is not None:
+            attempt = join
+        else:
+            lease = self._acquire(kind, art_id)
+            if lease is None:
+                reused, attempt = self.manifest(kind, art_id), "reused"
+            else:
+                attempt = json.loads(lease)["attempt"]
+        key = f"{self.staging_key(kind, art_id)}/{attempt}"
+        if reused is not None:
+            staging = self.cache_dir / "staging" / kind / art_id / f"reused-{uuid.uuid4().hex}"
+        elif staging is None:
+            local = self.backend.local_path(key)
+            staging = local if local is not None else self.cache_dir / "staging" / kind / art_id / attempt
         staging.mkdir(parents=True, exist_ok=True)
-        return ArtifactWriter(self, m, staging)
+        return ArtifactWriter(self, m, staging, attempt, lease=lease, reused=reused)
+
+    def _acquire(self, kind: str, art_id: str) -> bytes | None:
+        """This process's lease on the artifact (its bytes), or None once the artifact is committed."""
+        key, waited = self.lease_key(kind, art_id), False
+        ttl = float(os.environ.get("EAGLENEST_LEASE_TTL", LEASE_TTL_S))
+        while True:
+            if self.exists(kind, art_id):
+                return None
+            me = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+                  "heartbeat": time.time(), "ttl": ttl}
+            raw = self.backend.get_bytes(key)
+            if raw is None:
+                new = json.dumps({**me, "attempt": f"a-{uuid.uuid4().hex[:16]}"}).encode()
+                if self.backend.create_bytes(key, new):
+                    return new
+                continue
+            held = json.loads(raw)
+            if lease_is_dead(held):
+                new = json.dumps({**me, "attempt": held["attempt"]}).encode()
+                if self.backend.swap_bytes(key, new, raw):   # one taker wins; the others see a live lease
+                    log.info("store: resuming %s from attempt %s (its writer pid %s on %s stopped)",
+                             self.artifact_uri(kind, art_id), held["attempt"], held.get("pid"), held.get("host"))
+                    return new
+                continue
+            if not waited:
+                log.info("store: waiting for %s: pid %s on %s is writing it", self.artifact_uri(kind, art_id),
+                         held.get("pid"), held.get("host"))
+                waited = True
+            time.sleep(min(1.0, ttl / 8))
 
     # aliases
     def set_alias(self, name: str, kind: str, art_id: str, meta: dict[str, Any] | None = None) -> dict[str, Any]:

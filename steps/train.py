@@ -613,7 +613,13 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
         return store.manifest("draft", art_id)
     world = distributed.setup(cfg.train.device)
     setup = prepare(cfg, store, target_id, hidden_id, vocab_id)
-    writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train)   # staging: every rank
+    # One attempt per job (checkpoints are read by every rank): rank 0 takes the lease, the others join it.
+    writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train) if world.is_main else None
+    attempt = distributed.all_gather_object(world, writer.attempt if writer else None)[0]
+    if attempt == "reused":                                      # another run committed it while we waited
+        return store.manifest("draft", art_id)
+    if writer is None:
+        writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train, join=attempt)
     metrics, weights = train_loop(cfg, setup, writer.staging, on_step, world)
     if world.is_main:
         save_file(weights, str(writer.path(DRAFT_MODEL_FILE)))

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +225,8 @@ class StoreContract:
         assert w2.uploaded("shards/shard-00000.safetensors")["tokens"] == 7
         w2.path("shards/shard-00001.safetensors").write_bytes(b"b" * 1000)
         m = w2.commit()
-        base = store.key("hidden", "re00000000000001")
-        assert store.backend.put_files == [f"{base}/shards/shard-00001.safetensors"]
+        assert w2.key == w.key  # the dead attempt is resumed, not restarted
+        assert store.backend.put_files == [f"{w2.key}/shards/shard-00001.safetensors"]
         assert [f["path"] for f in m.files] == ["shards/shard-00000.safetensors", "shards/shard-00001.safetensors"]
         assert set(m.files[0]) == {"path", "size", "sha256"}  # extra fields stay in the upload record
         assert store.fetch_file("hidden", "re00000000000001", "shards/shard-00000.safetensors").read_bytes() == \
@@ -235,7 +236,7 @@ class StoreContract:
         w = store.begin("hidden", "re00000000000002", step="extract")
         w.path("s.bin").write_bytes(b"a" * 10)
         w.upload("s.bin", delete_local=True)
-        store.backend.delete(f"{store.key('hidden', 're00000000000002')}/s.bin")
+        store.backend.delete(f"{w.key}/s.bin")
         assert store.partial_files("hidden", "re00000000000002") == []
         assert not store.begin("hidden", "re00000000000002", step="extract").has("s.bin")
 
@@ -299,7 +300,7 @@ class StoreContract:
         w = fresh.begin("hidden", "5ec0000000000001", step="extract", config={"backend": "local"})
         w.path("a.bin").write_bytes(b"a")
         w.upload("a.bin")
-        sidecars = [fresh.backend.get_bytes(k) for k in fresh.backend.list(fresh.key("hidden", "5ec0000000000001"))
+        sidecars = [fresh.backend.get_bytes(k) for k in fresh.backend.list(w.key)
                     if ".partial" in k]
         assert sidecars
         w.commit(meta={"store": fresh.uri})
@@ -309,3 +310,92 @@ class StoreContract:
         for text in texts:
             assert SECRET_ID.encode() not in text and SECRET_KEY.encode() not in text
             assert b"SECRET" not in text
+
+    # --- concurrent writers, repair, ids (issue 11) ------------------------------------------------
+
+    def _writer_script(self, store: Store, art_id: str, tag: str, delay: float) -> str:
+        """A process that writes `art_id` slowly (its bytes name it) and prints the id it got back."""
+        endpoint = getattr(store.backend, "endpoint_url", None)
+        return textwrap.dedent(f"""
+            import sys, time
+            sys.path.insert(0, {str(REPO)!r})
+            from steps.store import open_store
+            store = open_store({store.uri!r}, cache_dir={str(store.cache_dir)!r} + "-{tag}", endpoint_url={endpoint!r})
+            w = store.begin("hidden", {art_id!r}, step="extract")
+            if w.reused is None:
+                for i in range(3):
+                    w.path(f"shards/shard-{{i:05d}}.safetensors").write_bytes(b"{tag}" * 4000)
+                    w.upload(f"shards/shard-{{i:05d}}.safetensors", delete_local=True)
+                    time.sleep({delay})
+            m = w.commit()
+            print(m.files[0]["sha256"])
+        """)
+
+    def test_two_concurrent_writer_processes_of_one_id_leave_one_intact_artifact(self, store: Store):
+        procs = [subprocess.Popen([sys.executable, "-c", self._writer_script(store, "c0c0000000000001", tag, 0.5)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for tag in ("A", "B")]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+        m = store.verify("hidden", "c0c0000000000001")              # every byte matches the one manifest
+        assert {o[0].strip() for o in outs} == {m.files[0]["sha256"]}  # both processes got that artifact back
+        data = store.fetch_file("hidden", "c0c0000000000001", "shards/shard-00002.safetensors").read_bytes()
+        assert data in (b"A" * 4000, b"B" * 4000)
+        assert not [k for k in store.backend.list("staging/") if not k.endswith(".lock")]  # no debris, no lease
+
+    def test_a_live_writer_is_waited_for_and_a_dead_ones_lease_is_taken_over(self, store: Store):
+        slow = subprocess.Popen([sys.executable, "-c", self._writer_script(store, "c0c0000000000002", "A", 1.5)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lease = store.lease_key("hidden", "c0c0000000000002")
+        deadline = time.time() + 60
+        while store.backend.get_bytes(lease) is None and time.time() < deadline:
+            time.sleep(0.05)
+        holder = json.loads(store.backend.get_bytes(lease))
+        w = store.begin("hidden", "c0c0000000000002", step="extract")   # waits: the lease's owner is alive
+        assert slow.wait(60) == 0 and w.reused is not None and w.reused.files[0]["size"] == 4000
+        assert holder["pid"] == slow.pid
+        # a lease whose heartbeat is older than its TTL is taken over, its attempt resumed
+        stale = json.dumps({**holder, "pid": os.getpid() + 10**6, "host": "elsewhere", "heartbeat": 0,
+                            "attempt": "a-dead"}).encode()
+        store.backend.create_bytes(store.lease_key("hidden", "c0c0000000000003"), stale)
+        w = store.begin("hidden", "c0c0000000000003", step="extract")
+        assert w.attempt == "a-dead" and w.reused is None
+
+    def test_a_corrupt_artifact_is_quarantined_and_recomputed_by_the_next_run(self, store: Store):
+        write_artifact(store, "draft", "c0c0000000000004", {"m.bin": b"x" * 100, "n.bin": b"y"})
+        store.backend.delete(f"{store.key('draft', 'c0c0000000000004')}/n.bin")
+        assert not store.exists("draft", "c0c0000000000004")       # the reuse check sees it and moves it aside
+        assert store.backend.list("quarantine/draft/c0c0000000000004/")
+        m = write_artifact(store, "draft", "c0c0000000000004", {"m.bin": b"x" * 100, "n.bin": b"y"})
+        assert store.exists("draft", "c0c0000000000004") and store.verify("draft", m.id) == m
+
+    def test_a_hand_edited_manifest_is_refused_in_one_line_and_repaired_by_a_rerun(self, store: Store):
+        write_artifact(store, "verify", "c0c0000000000005", {"report.json": b"{}"})
+        key = f"{store.key('verify', 'c0c0000000000005')}/{MANIFEST}"
+        store.backend.put_bytes(key, store.backend.get_bytes(key).replace(b'"n": 1', b'"n": 4.35'))
+        with pytest.raises(ArtifactError) as e:
+            store.manifest("verify", "c0c0000000000005")
+        msg = str(e.value)
+        assert msg.startswith(f"{store.artifact_uri('verify', 'c0c0000000000005')}/manifest.json: manifest_sha256")
+        assert "re-run the step" in msg and "\n" not in msg
+        assert not store.exists("verify", "c0c0000000000005")
+        write_artifact(store, "verify", "c0c0000000000005", {"report.json": b"{}"})
+        assert store.manifest("verify", "c0c0000000000005").metrics == {"n": 1}
+
+    @pytest.mark.parametrize("bad", ["../../../outside/evil", "../hidden/aaaa000000000001", "/etc", "..", "",
+                                     "a/b", ".hidden"])
+    def test_ids_that_leave_the_store_are_refused(self, store: Store, bad: str):
+        with pytest.raises(ArtifactError, match="is not a plain name"):
+            store.manifest("draft", bad)
+        with pytest.raises(ArtifactError, match="is not a plain name"):
+            store.exists("draft", bad)
+        with pytest.raises(ArtifactError, match="is not a plain name"):
+            store.begin(bad, "aaaa000000000001", step="x")
+
+    def test_a_manifest_of_another_artifact_is_not_read_as_this_one(self, store: Store):
+        write_artifact(store, "hidden", "c0c0000000000006", {"x": b"1"})
+        key = store.key("hidden", "c0c0000000000006")
+        store.backend.put_bytes(f"{store.key('draft', 'c0c0000000000006')}/{MANIFEST}",
+                                store.backend.get_bytes(f"{key}/{MANIFEST}"))
+        with pytest.raises(ArtifactError, match="holds hidden/c0c0000000000006, not draft/c0c0000000000006"):
+            store.manifest("draft", "c0c0000000000006")

@@ -174,15 +174,17 @@ def test_killed_run_resumes_without_recomputing_or_losing_shards(world, tmp_path
     env = {**os.environ, **OFFLINE, "EAGLENEST_CACHE": str(store.cache_dir), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120  # start-up (torch, transformers) is slow on a busy 2-core machine
-    while time.time() < deadline and proc.poll() is None and not list((art / PARTIAL).rglob("*.json")):
+    stage = store.backend.root / "staging" / "hidden" / art.name     # the killed writer's attempt lives here
+    while time.time() < deadline and proc.poll() is None and not list(stage.glob(f"*/{PARTIAL}/shards/*.json")):
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate()
     assert proc.returncode == -signal.SIGKILL, f"extract ended before it could be killed: {err.decode()[-2000:]}"
     assert not (art / "manifest.json").exists()
-    committed = {p.name[:-5]: p for p in (art / PARTIAL / "shards").glob("*.json")}
-    landed = {name: (art / "shards" / name).stat() for name in committed}
-    hashes = {name: sha256_file(art / "shards" / name) for name in committed}
+    attempt = next(iter(stage.glob(f"*/{PARTIAL}"))).parent
+    committed = {p.name[:-5]: p for p in (attempt / PARTIAL / "shards").glob("*.json")}
+    landed = {name: (attempt / "shards" / name).stat() for name in committed}
+    hashes = {name: sha256_file(attempt / "shards" / name) for name in committed}
     assert committed, "killed before the first shard was uploaded"
 
     m = run(cfg, store, world["target"], world["dataset"])  # the re-run, in process (saves a start-up)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors import safe_open
 
 from steps.shards import bytes_per_token, iter_sequences, read_shard, shard_bytes_bound, write_shard
+from steps.store import sha256_file
+
+REPO = Path(__file__).resolve().parents[2]
 
 H, LAYER_IDS = 32, [1, 2, 3]
 A = len(LAYER_IDS)
@@ -96,3 +105,22 @@ def test_mismatched_shapes_are_refused_with_the_shapes_named(tmp_path):
         write_shard(tmp_path / "s.safetensors", ids, [masks[0], masks[1][:3]], aux, final, layer_ids=LAYER_IDS)
     with pytest.raises(ValueError, match="storage dtype"):
         write_shard(tmp_path / "s.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS, storage_dtype="fp16")
+
+
+# --- reproducible bytes (issue 11) ---------------------------------------------------------------------
+
+def test_the_same_shard_written_by_two_processes_has_the_same_sha256(tmp_path):
+    """safetensors orders `__metadata__` by a per-process random hash; write_shard sorts the header."""
+    script = textwrap.dedent("""
+        import sys, torch
+        from steps.shards import write_shard
+        g = torch.Generator().manual_seed(0)
+        aux, final = torch.randn(5, 12, generator=g), torch.randn(5, 4, generator=g)
+        write_shard(sys.argv[1], [[1, 2, 3, 4, 5]], [[0, 1, 1, 1, 1]], aux, final, layer_ids=[1, 2, 3])
+    """)
+    paths = [tmp_path / f"{k}.safetensors" for k in range(4)]
+    for p in paths:
+        subprocess.run([sys.executable, "-c", script, str(p)], cwd=REPO, check=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert len({sha256_file(p) for p in paths}) == 1
+    assert read_shard(paths[0])["layer_ids"] == [1, 2, 3]

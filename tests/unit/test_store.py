@@ -28,18 +28,21 @@ class TestFileStore(StoreContract):
     def store(self, tmp_path: Path) -> Store:
         return open_store(f"file://{tmp_path}/store", cache_dir=tmp_path / "cache")
 
-    def test_staging_is_the_final_folder_and_commit_leaves_no_sidecars(self, store: Store):
+    def test_staging_is_the_attempt_folder_and_commit_moves_it_into_place_without_sidecars(self, store: Store):
+        root = Path(store.uri.removeprefix("file://"))
         w = store.begin("dataset", "f000000000000001", step="datagen")
         local = w.path("conversations/part-00000.jsonl")
-        assert local.parent.parent == Path(store.uri.removeprefix("file://")) / "artifacts/dataset/f000000000000001"
+        assert local.parent.parent == root / "staging/dataset/f000000000000001" / w.attempt
         local.write_text("row\n")
         w.upload("conversations/part-00000.jsonl", delete_local=True)
         assert local.read_text() == "row\n"  # "deleting the local copy" must not delete the stored one
         m = w.commit()
         assert [f["path"] for f in m.files] == ["conversations/part-00000.jsonl"]
-        art_dir = local.parent.parent
+        art_dir = root / "artifacts/dataset/f000000000000001"
         assert sorted(p.relative_to(art_dir).as_posix() for p in art_dir.rglob("*")) == \
             ["conversations", "conversations/part-00000.jsonl", "manifest.json"]
+        assert not (root / "staging/dataset/f000000000000001" / w.attempt).exists()
+        assert store.backend.get_bytes(store.lease_key("dataset", "f000000000000001")) is None
 
     def test_committing_again_does_not_list_the_old_manifest_as_a_file(self, store: Store):
         write_artifact(store, "draft", "f000000000000002", {"m": b"1"})
@@ -87,8 +90,11 @@ def test_manifest_round_trips_and_ignores_unknown_keys():
 
 
 def test_manifest_defaults_are_fresh_and_required_fields_are_required():
-    a = Manifest.from_json('{"kind": "draft", "id": "x", "step": "train"}')
-    b = Manifest.from_json('{"kind": "draft", "id": "y", "step": "train"}')
+    def bare(art_id: str) -> str:  # only the required fields, sealed as a writer seals the full form
+        return json.dumps({"kind": "draft", "id": art_id, "step": "train",
+                           "manifest_sha256": Manifest(kind="draft", id=art_id, step="train").checksum()})
+
+    a, b = Manifest.from_json(bare("x")), Manifest.from_json(bare("y"))
     a.files.append({"path": "m"})
     assert b.files == [] and a.config_hash == ""
     with pytest.raises(ArtifactError, match="no 'step' field"):

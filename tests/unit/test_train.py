@@ -152,7 +152,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(source, tmp_path):
     store_b, _ = fresh_store(source, tmp_path, "b")
     with pytest.raises(Stop):
         run(cfg, store_b, **ids, on_step=stop_at_7)
-    staging = tmp_path / "b/artifacts/draft" / full.id
+    [staging] = (tmp_path / "b/staging/draft" / full.id).glob("a-*")     # the interrupted attempt
     assert [p.name for p in staging.glob("checkpoint-*")] == ["checkpoint-00000006"]
     resumed = run(cfg, store_b, **ids)
     assert resumed.id == full.id and resumed.metrics["steps"] == full.metrics["steps"]
@@ -160,8 +160,9 @@ def test_an_interrupted_run_resumes_to_the_same_weights(source, tmp_path):
     b = load_file(str(store_b.fetch_file("draft", full.id, "model.safetensors")))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
-    log = (staging / "train_log.jsonl").read_text().splitlines()
+    log = (tmp_path / "b/artifacts/draft" / full.id / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in log] == list(range(full.metrics["steps"]))
+    assert not staging.exists()                                       # resumed in place, then moved into place
 
 
 def test_every_shard_is_read_through_a_cache_smaller_than_the_data(source, tmp_path, s3_endpoint):
