@@ -215,3 +215,12 @@ def test_store_uri_precedence_is_explicit_then_env_then_config(monkeypatch):
     monkeypatch.setenv("EAGLENEST_STORE", "s3://worker/prefix")
     assert store_uri_for(None, "file://out/store") == "s3://worker/prefix"
     assert store_uri_for("file:///explicit", "file://out/store") == "file:///explicit"
+
+
+def test_a_manifest_written_before_checksums_is_still_read_but_an_edited_one_is_not():
+    legacy = {"kind": "draft", "id": "0" * 16, "step": "train", "metrics": {"loss": 1.5}}
+    assert Manifest.from_json(json.dumps(legacy)).metrics == {"loss": 1.5}
+    stamped = json.loads(Manifest(**legacy).to_json())
+    stamped["metrics"]["loss"] = 0.1
+    with pytest.raises(ArtifactError, match="manifest_sha256 does not match"):
+        Manifest.from_json(json.dumps(stamped))
