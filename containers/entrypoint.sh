@@ -1,7 +1,8 @@
 #!/bin/sh
 # Entrypoint of every eaglenest image (cpu, gpu, serve).
 #
-#   <eaglenest command> [args]  -> eaglenest <command> [args]        e.g. `mapping --config ...`
+#   <eaglenest command> [args]  -> eaglenest <command> [args]        e.g. `mapping --config ...`; the
+#                                  commands are `eaglenest --commands` (steps/registry.py), not a list here
 #   sglang [serve args]         -> exec the exact command `eaglenest serve --print-command [serve args]`
 #                                  prints (preflight-checked; SGLang becomes PID 1 and gets the signals)
 #   anything else               -> exec'd as given: Prefect's docker and kubernetes workers pass their
@@ -32,10 +33,13 @@ case "$1" in
         eval "set -- $command_line"
         run "$@"
         ;;
-    target|datagen|extract|mapping|train|export|verify|serve|benchmark|doctor|convert|pipeline|demo|stack|dataset)
+    -*)
         run eaglenest "$@"
         ;;
-    *)
-        run "$@"
-        ;;
+esac
+
+# one Python start (the registry only, no torch) per container start: a new step needs no edit here
+case " $(eaglenest --commands) " in
+    *" $1 "*) run eaglenest "$@" ;;
+    *) run "$@" ;;
 esac

@@ -10,7 +10,7 @@ set -eu
 venv="$1"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo /opt/eaglenest > "$site/eaglenest.pth"
-printf '#!%s/bin/python\nimport sys\nfrom steps.cli import main\nsys.exit(main())\n' "$venv" > /usr/local/bin/eaglenest
+printf '#!%s/bin/python\nimport sys\nfrom flows.cli import main\nsys.exit(main())\n' "$venv" > /usr/local/bin/eaglenest
 chmod 0755 /usr/local/bin/eaglenest
 ln -sf "$venv/bin/prefect" /usr/local/bin/prefect
 chmod 0755 /usr/local/bin/eaglenest-entrypoint
@@ -18,5 +18,5 @@ chmod 0755 /usr/local/bin/eaglenest-entrypoint
 mkdir -p /opt/eaglenest/out
 chown 10001:10001 /opt/eaglenest/out
 # fail the build, not the first run, if the source does not import with these dependencies
-"$venv/bin/python" -c 'import steps.cli, steps.serve, flows'
+"$venv/bin/python" -c 'import flows.cli, steps.serve'
 /usr/local/bin/eaglenest --help > /dev/null

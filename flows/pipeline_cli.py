@@ -10,11 +10,10 @@ import argparse
 import json
 
 from flows.pipeline import eagle3_pipeline
+from steps.registry import add_common_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    from steps.cli import add_common_args
-
     parser = argparse.ArgumentParser(prog="eaglenest pipeline", description=__doc__.splitlines()[0])
     add_common_args(parser)
     parser.add_argument("--mode", choices=["local", "deployments"], default="local")

@@ -20,25 +20,15 @@ from prefect import flow, get_run_logger
 from flows.ui import ProgressArtifacts
 from steps import progress
 from steps.config import find_config, load_config
+from steps.registry import DEFAULT_CONFIG
+from steps.registry import STEPS as REGISTRY
 from steps.store import open_store, store_uri_for
 
-#: step → (module, the artifact ids its run() takes, in order; options it accepts as keyword arguments)
+#: views of the one table, steps/registry.py: step → (module, the artifact ids its run() takes, in order;
+#: options it accepts as keyword arguments), and step → hardware class (DESIGN.md: one image per class)
 STEPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "target": ("steps.target", (), ()),
-    "datagen": ("steps.datagen", ("target",), ()),
-    "extract": ("steps.extract", ("target", "dataset"), ()),
-    "mapping": ("steps.mapping", ("dataset", "target"), ()),
-    "train": ("steps.train", ("target", "hidden", "vocab"), ()),
-    "export": ("steps.export", ("draft", "target"), ()),
-    "verify": ("steps.verify", ("export", "target"), ()),
-    "serve": ("steps.serve", ("export", "target"), ("env",)),
-    "benchmark": ("steps.benchmark", ("export", "target"), ("baseline_url", "spec_url", "attempt")),
-    "gate": ("steps.gate", ("export", "target", "benchmark"), ("spec_url",)),
-}
-#: where each step runs on a cluster (DESIGN.md: one image per hardware class).
-HARDWARE = {"target": "cpu", "mapping": "cpu", "export": "cpu",
-            "datagen": "gpu", "extract": "gpu", "train": "gpu", "verify": "gpu",
-            "serve": "serve", "benchmark": "serve", "gate": "serve"}
+    s.name: (s.module, s.inputs, s.option_names) for s in REGISTRY.values()}
+HARDWARE: dict[str, str] = {s.name: s.hardware for s in REGISTRY.values()}
 
 
 def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
@@ -72,25 +62,18 @@ def run_step_reporting(step: str, config: str, overrides: list[str] | None, stor
 
 
 def _step_flow(step: str):
-    module_name = STEPS[step][0]
-
-    @flow(name=step, description=f"eaglenest step `python -m {module_name}` ({HARDWARE[step]} pool)",
+    @flow(name=step, description=f"eaglenest step `eaglenest {step}`: {REGISTRY[step].help} ({HARDWARE[step]} pool)",
           persist_result=True,
           flow_run_name=f"{step}-{{config}}", log_prints=True)
-    def step_flow(config: str = "configs/tiny.yaml", overrides: list[str] | None = None, store: str | None = None,
+    def step_flow(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, store: str | None = None,
                   inputs: dict[str, str] | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
         return run_step_reporting(step, config, overrides, store, inputs or {}, options)
 
     return step_flow
 
 
-target_flow = _step_flow("target")
-datagen_flow = _step_flow("datagen")
-extract_flow = _step_flow("extract")
-mapping_flow = _step_flow("mapping")
-train_flow = _step_flow("train")
-export_flow = _step_flow("export")
-verify_flow = _step_flow("verify")
-serve_flow = _step_flow("serve")
-benchmark_flow = _step_flow("benchmark")
-gate_flow = _step_flow("gate")
+# The Prefect entrypoints `flows/step_flows.py:<step>_flow` (deploy/prefect.yaml): Prefect runs this file and
+# looks the name up, so generating them from the registry is enough; tests/unit/test_deploy.py checks that
+# prefect.yaml names exactly these.
+for _step in REGISTRY:
+    globals()[f"{_step}_flow"] = _step_flow(_step)

@@ -20,7 +20,6 @@ good + live ≈ 1 means serving is misconfigured, not training.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -39,6 +38,7 @@ from steps.config import BenchmarkConfig, PipelineConfig, config_dict
 from steps.launch import get_json, post_json
 from steps.metrics import AcceptStats, acceptance_length_from_requests
 from steps.prompts import chat_token_ids, held_out_prompts, load_humaneval
+from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id, utc_now
 
 STEP = "benchmark"
@@ -315,19 +315,7 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, ba
 
 
 def main(argv: list[str] | None = None) -> int:
-    from steps.cli import add_common_args, config_and_store
-
-    ap = argparse.ArgumentParser(prog="python -m steps.benchmark", description=__doc__.splitlines()[0])
-    add_common_args(ap)
-    ap.add_argument("--export", required=True, help="export artifact id")
-    ap.add_argument("--target", required=True, help="target artifact id")
-    ap.add_argument("--baseline-url", default=None, help="a running no-draft server (default: start one)")
-    ap.add_argument("--spec-url", default=None, help="a running speculative server (default: start one)")
-    args = ap.parse_args(argv)
-    cfg, store = config_and_store(args)
-    m = run(cfg, store, args.export, args.target, baseline_url=args.baseline_url, spec_url=args.spec_url)
-    print(json.dumps({"id": m.id, **{k: m.metrics.get(k) for k in ("tau", "speedup")}}))
-    return 0
+    return step_main("benchmark", argv)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,8 @@ which that is not well defined (a mask shifted by one token trains the draft on 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -32,10 +30,11 @@ from typing import Any
 import torch
 
 from steps import progress
-from steps.artifacts import conversations_path, load_target, load_tokenizer, target_artifact_id
-from steps.config import DatagenConfig, PipelineConfig, find_config, load_config
+from steps.artifacts import conversations_path, load_target, load_tokenizer
+from steps.config import DatagenConfig, PipelineConfig
 from steps.prompts import load_prompts
-from steps.store import Manifest, Store, artifact_id, canonical_json, open_store, store_uri_for
+from steps.registry import step_main
+from steps.store import Manifest, Store, artifact_id, canonical_json
 
 #: prompts per committed chunk: the unit of resume (a crash loses at most one chunk of work).
 CHUNK_PROMPTS = 64
@@ -300,24 +299,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m steps.datagen", description="Regenerate answers with the target.")
-    ap.add_argument("--config", required=True, help="config name (tiny) or YAML path")
-    ap.add_argument("--store", default=None, help="store URI (default: $EAGLENEST_STORE or the config's)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="a.b=v")
-    ap.add_argument("--target", default=None,
-                    help="target artifact id (default: the one `eaglenest target` made for this config)")
-    args = ap.parse_args(argv)
-    cfg = load_config(find_config(args.config), args.overrides)
-    store = open_store(store_uri_for(args.store, cfg.store))
-    if args.target is None:
-        # A step never runs another step (docs/ARCHITECTURE.md): find the target this config names.
-        args.target = target_artifact_id(cfg)
-        if not store.exists("target", args.target):
-            print(f"datagen: no target artifact {args.target} for {args.config} in {store.uri}; run "
-                  "`eaglenest target` with the same config first, or pass --target ID", file=sys.stderr)
-            return 2
-    print(run(cfg, store, args.target).id)
-    return 0
+    return step_main("datagen", argv)
 
 
 if __name__ == "__main__":

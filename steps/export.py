@@ -13,7 +13,6 @@ becomes an artifact.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from steps.artifacts import load_draft, target_config
 from steps.checks.strict import assert_engine_dir
 from steps.config import PipelineConfig, config_dict, resolve_max_position_embeddings
 from steps.layers import check_capturable, to_engine
+from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id
 
 STEP = "export"
@@ -102,17 +102,7 @@ def run(cfg: PipelineConfig, store: Store, draft_id: str, target_id: str) -> Man
 
 
 def main(argv: list[str] | None = None) -> int:
-    from steps.cli import add_common_args, config_and_store
-
-    ap = argparse.ArgumentParser(prog="python -m steps.export", description=__doc__.splitlines()[0])
-    add_common_args(ap)
-    ap.add_argument("--draft", required=True, help="draft artifact id (from train)")
-    ap.add_argument("--target", required=True, help="target artifact id")
-    args = ap.parse_args(argv)
-    cfg, store = config_and_store(args)
-    m = run(cfg, store, args.draft, args.target)
-    print(m.id)
-    return 0
+    return step_main("export", argv)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,9 @@ GPU are extracted with `extract.backend=sglang` from tensor-parallel SGLang serv
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import shutil
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -45,7 +42,8 @@ import torch
 from steps import distributed, layers
 from steps.artifacts import load_target, read_conversations, target_config
 from steps.checks.disk import check_disk_budget
-from steps.config import PipelineConfig, resolve_aux_layer_ids
+from steps.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
+from steps.registry import step_main
 from steps.shards import bytes_per_token, shard_bytes_bound, write_shard
 from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
 
@@ -118,7 +116,8 @@ def plan_rounds(shards: list[ShardPlan], disk_budget_bytes: int, world_size: int
     too_big = max(shards, key=lambda s: s.bytes_bound) if shards else None
     if too_big is not None and too_big.bytes_bound > share:
         ranks = f" shared by {world_size} ranks ({share} bytes each)" if world_size > 1 else ""
-        raise ValueError(
+        # a ConfigError (a ValueError): the fix is a config value, so the CLI prints it as one line, exit 2
+        raise ConfigError(
             f"extract.disk_budget={disk_budget_bytes} bytes{ranks} cannot hold even one shard: shard "
             f"{too_big.index} ({too_big.tokens} tokens) needs up to {too_big.bytes_bound} bytes. "
             f"Raise extract.disk_budget to at least {too_big.bytes_bound * world_size}, or lower "
@@ -509,27 +508,7 @@ def extract_meta(writer: ArtifactWriter, plans: list[ShardPlan], cfg: PipelineCo
 
 
 def main(argv: list[str] | None = None) -> int:
-    from steps.cli import add_common_args, config_and_store
-
-    parser = argparse.ArgumentParser(prog="python -m steps.extract", description=__doc__.splitlines()[0])
-    add_common_args(parser)
-    parser.add_argument("--target", required=True, help="target artifact id")
-    parser.add_argument("--dataset", required=True, help="dataset artifact id")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    cfg, store = config_and_store(args)
-    try:
-        m = run(cfg, store, args.target, args.dataset)
-    except (ValueError, ArtifactError) as err:  # a bad budget, dataset or server: the message says the fix
-        print(f"extract: {err}", file=sys.stderr)
-        return 2
-    finally:
-        distributed.shutdown()
-    if distributed.env_world_size() > 1 and os.environ.get("RANK", "0") != "0":   # one answer per job
-        return 0
-    print(json.dumps({"kind": m.kind, "id": m.id, "tokens": m.meta["tokens"], "shards": len(m.meta["shards"]),
-                      "peak_local_bytes": m.meta["peak_local_bytes"], "computed_shards": m.meta["computed_shards"]}))
-    return 0
+    return step_main("extract", argv)
 
 
 if __name__ == "__main__":

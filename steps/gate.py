@@ -25,7 +25,6 @@ Moving the alias is not done here: the orchestrator does it inside a transaction
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
@@ -34,6 +33,7 @@ from steps.checks.cuda_graph import check_cuda_graph
 from steps.checks.diagnose import diagnose as run_doctor
 from steps.checks.diagnose import served_algorithm
 from steps.config import GateConfig, PipelineConfig, config_dict
+from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id
 
 STEP = "gate"
@@ -194,20 +194,13 @@ def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{float(value):.3f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    from steps.cli import add_common_args, config_and_store
+def exit_code(manifest: Manifest) -> int:
+    """The CLI's exit code (the registry's `exit_code` hook): 1 when the export is not (or no longer) production."""
+    return 0 if manifest.metrics["verdict"] in ("promote", "current") else 1
 
-    ap = argparse.ArgumentParser(prog="python -m steps.gate", description=__doc__.splitlines()[0])
-    add_common_args(ap)
-    ap.add_argument("--export", required=True, help="export artifact id")
-    ap.add_argument("--target", required=True, help="target artifact id")
-    ap.add_argument("--benchmark", required=True, help="benchmark artifact id of that export")
-    ap.add_argument("--spec-url", default=None, help="the externally run server that was benchmarked, if any")
-    args = ap.parse_args(argv)
-    cfg, store = config_and_store(args)
-    m = run(cfg, store, args.export, args.target, args.benchmark, spec_url=args.spec_url)
-    print(json.dumps({"id": m.id, **m.meta}, indent=2))
-    return 0 if m.metrics["verdict"] in ("promote", "current") else 1
+
+def main(argv: list[str] | None = None) -> int:
+    return step_main("gate", argv)
 
 
 if __name__ == "__main__":

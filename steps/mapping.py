@@ -16,8 +16,6 @@ then maps draft ids to the wrong target tokens and acceptance is ≈1 with no er
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections import Counter
 from collections.abc import Iterable
 
@@ -27,7 +25,8 @@ from torch import Tensor
 
 from steps.artifacts import VOCAB_FILE, read_conversations, target_config
 from steps.checks.vocab import validate_vocab
-from steps.store import Manifest, Store, artifact_id, open_store
+from steps.registry import step_main
+from steps.store import Manifest, Store, artifact_id
 
 # --- build -----------------------------------------------------------------------------
 
@@ -109,19 +108,7 @@ def run(cfg, store: Store, dataset_id: str, target_id: str) -> Manifest:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from steps.config import find_config, load_config
-
-    p = argparse.ArgumentParser(prog="python -m steps.mapping", description="Build the draft vocab (d2t/t2d).")
-    p.add_argument("--config", required=True, help="config name (configs/<name>.yaml) or path")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override")
-    p.add_argument("--store", default=None, help="store URI (default: config's store)")
-    p.add_argument("--dataset", required=True, help="dataset artifact id")
-    p.add_argument("--target", required=True, help="target artifact id")
-    args = p.parse_args(argv)
-    cfg = load_config(find_config(args.config), args.set)
-    m = run(cfg, open_store(args.store or cfg.store), args.dataset, args.target)
-    print(json.dumps({"kind": m.kind, "id": m.id, "metrics": m.metrics}))
-    return 0
+    return step_main("mapping", argv)
 
 
 if __name__ == "__main__":

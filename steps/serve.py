@@ -32,8 +32,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from steps.config import PipelineConfig, find_config, load_config
+from steps.config import PipelineConfig
 from steps.launch import ServerStartError, launch_with_fallback
+from steps.registry import UsageError, step_main
 from steps.serving import build_sglang_command, health_url_for, preflight, start, target_config_for
 
 
@@ -51,28 +52,22 @@ def run(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *,
 # --- CLI -----------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m steps.serve",
-                                     description="Start SGLang for an exported EAGLE-3 draft (flags derived, "
-                                                 "preflight-checked)")
-    parser.add_argument("--config", default="configs/tiny.yaml", help="a YAML config path or a name in configs/")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="override a config field (repeatable)")
-    parser.add_argument("--draft", required=True, help="the exported SGLang draft directory")
-    parser.add_argument("--target-path", default=None,
-                        help="the target model directory to serve (default: target.path of an hf_dir config)")
-    parser.add_argument("--port", type=int, default=None, help="override serve.port")
-    parser.add_argument("--disable-cuda-graph", action="store_true", help="start with CUDA graphs off")
-    parser.add_argument("--print-command", action="store_true", help="print the launch command and exit")
-    parser.add_argument("--log-dir", default="out/serve", help="where server logs go")
-    args = parser.parse_args(argv)
+    return step_main("serve", argv)
 
-    cfg = load_config(find_config(args.config), args.overrides)
+
+def launch_directory(cfg: PipelineConfig, args: argparse.Namespace) -> int | None:
+    """The registry's CLI hook: `--draft DIR` launches an exported directory and stays up (no store, no
+    artifact); without it, `eaglenest serve --export ID --target ID` runs the step like a flow does."""
+    if args.draft is None:
+        if args.print_command or args.target_path:
+            raise UsageError("--print-command and --target-path go with --draft DIR (an exported SGLang draft "
+                             "directory); for artifacts pass --export ID --target ID")
+        return None
     args.target_path = args.target_path or cfg.target.path
+    args.log_dir = args.log_dir or "out/serve"
     if not args.target_path:
-        print(f"serve: {args.config}: target.source={cfg.target.source} names no model directory; pass "
-              "--target-path (the target's local HF directory, e.g. `eaglenest target` prints its artifact)",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.config}: target.source={cfg.target.source} names no model directory; pass "
+                         "--target-path (the target's local HF directory, e.g. `eaglenest target` prints its artifact)")
     try:
         cmd = build_sglang_command(cfg, target_path=args.target_path, draft_dir=args.draft, port=args.port,
                                    disable_cuda_graph=args.disable_cuda_graph)

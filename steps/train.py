@@ -39,10 +39,8 @@ only rank 0 writes the log and the artifact.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -61,8 +59,9 @@ from steps.artifacts import DRAFT_CONFIG_FILE, DRAFT_LOG_FILE, DRAFT_MODEL_FILE,
 from steps.checks.vocab import validate_vocab
 from steps.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
 from steps.draft import DraftCache, DraftConfig, Eagle3Draft
+from steps.registry import step_main
 from steps.shards import read_shard
-from steps.store import LocalCache, Manifest, Store, artifact_id, open_store
+from steps.store import LocalCache, Manifest, Store, artifact_id
 
 CKPT_PREFIX = "checkpoint-"
 #: train fields that change how the work is spread over GPUs, not what is learned: the same draft
@@ -632,25 +631,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
 
 
 def main(argv: list[str] | None = None) -> int:
-    from steps.config import find_config, load_config
-
-    p = argparse.ArgumentParser(prog="python -m steps.train", description="Train the EAGLE-3 draft (TTT); "
-                                "on several GPUs: torchrun --nproc-per-node N -m steps.train ...")
-    p.add_argument("--config", required=True, help="config name (configs/<name>.yaml) or path")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=v", help="config override")
-    p.add_argument("--store", default=None, help="store URI (default: config's store)")
-    p.add_argument("--target", required=True, help="target artifact id")
-    p.add_argument("--hidden", required=True, help="hidden artifact id (extract)")
-    p.add_argument("--vocab", required=True, help="vocab artifact id (mapping)")
-    args = p.parse_args(argv)
-    cfg = load_config(find_config(args.config), args.set)
-    try:
-        m = run(cfg, open_store(args.store or cfg.store), args.target, args.hidden, args.vocab)
-        if distributed.env_world_size() == 1 or int(os.environ.get("RANK", "0")) == 0:   # one answer per job
-            print(json.dumps({"kind": m.kind, "id": m.id, "metrics": m.metrics}))
-    finally:
-        distributed.shutdown()
-    return 0
+    return step_main("train", argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Speculative output must equal plain greedy output for every prompt; any mismatch
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from typing import Any
@@ -27,6 +26,7 @@ from steps.formats.sglang import sglang_layer_ids
 from steps.formats.sglang_loader import load_sglang_draft
 from steps.metrics import AcceptStats
 from steps.prompts import held_out_prompts
+from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id
 
 STEP = "verify"
@@ -95,17 +95,7 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
 
 
 def main(argv: list[str] | None = None) -> int:
-    from steps.cli import add_common_args, config_and_store
-
-    ap = argparse.ArgumentParser(prog="python -m steps.verify", description=__doc__.splitlines()[0])
-    add_common_args(ap)
-    ap.add_argument("--export", required=True, help="export artifact id")
-    ap.add_argument("--target", required=True, help="target artifact id")
-    args = ap.parse_args(argv)
-    cfg, store = config_and_store(args)
-    m = run(cfg, store, args.export, args.target)
-    print(json.dumps({"id": m.id, "tau": m.metrics["tau"], "speedup": m.metrics["speedup"]}))
-    return 0
+    return step_main("verify", argv)
 
 
 if __name__ == "__main__":

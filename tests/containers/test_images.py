@@ -101,4 +101,4 @@ def test_reference_server_in_the_cpu_image_answers_health(exported_in_image, ima
 def test_gpu_image_step_clis_load(images):
     """Without a GPU only the wiring is checked: the GPU steps' CLIs import and answer --help."""
     for step in ("datagen", "extract", "train", "verify"):
-        assert run(images["EAGLENEST_GPU_IMAGE"], step, "--help").startswith(f"usage: python -m steps.{step} ")
+        assert run(images["EAGLENEST_GPU_IMAGE"], step, "--help").startswith(f"usage: eaglenest {step} ")

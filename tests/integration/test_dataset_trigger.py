@@ -66,7 +66,7 @@ def run_python(stack, *args: str) -> subprocess.CompletedProcess:
 
 def upload(stack, path: Path, name: str) -> tuple[str, str]:
     """`eaglenest dataset upload PATH --name NAME --store <stack store>`; (object URI, output)."""
-    out = run_python(stack, "-m", "steps.cli", "dataset", "upload", str(path), "--name", name,
+    out = run_python(stack, "-m", "flows.cli", "dataset", "upload", str(path), "--name", name,
                      "--store", stack.store_uri)
     match = re.search(r"^(\S+/datasets/\S+): ", out.stdout, re.M)
     assert match, out.stdout

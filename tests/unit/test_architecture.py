@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from steps.registry import STEPS, TOOLS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -21,8 +23,7 @@ def _imports(path: Path) -> set[str]:
 
 
 #: the step modules (and the two tools, which follow the same rule); everything else in steps/ is library.
-STEP_MODULES = frozenset({"target", "datagen", "extract", "mapping", "train", "export", "verify", "serve",
-                          "benchmark", "gate", "doctor", "convert"})
+STEP_MODULES = frozenset({*STEPS, *TOOLS})
 
 
 def _steps_modules_imported(path: Path) -> set[str]:
@@ -77,11 +78,34 @@ def test_flows_never_import_torch():
     assert offenders == [], f"flows/ orchestrates artifacts, never tensors: {offenders}"
 
 
-def test_cli_commands_are_pinned():
-    from steps.cli import COMMANDS
+def test_cli_commands_are_the_registry_steps_the_tools_and_the_flow_commands():
+    from flows.cli import COMMANDS, FLOW_COMMANDS
 
-    assert set(COMMANDS) == {"target", "datagen", "extract", "mapping", "train", "export", "verify",
-                             "serve", "benchmark", "doctor", "convert", "pipeline", "demo", "stack", "dataset"}
+    assert list(COMMANDS) == [*STEPS, *TOOLS, *FLOW_COMMANDS]
+    assert set(FLOW_COMMANDS) == {"pipeline", "demo", "stack", "dataset"}
+    assert set(TOOLS) == {"doctor", "convert"}
+    assert all((ROOT / "steps" / f"{m}.py").is_file() for m in STEP_MODULES), "a registry row without its module"
+
+
+def _flows_strings(path: Path) -> list[str]:
+    """String literals naming a flows module: `importlib.import_module("flows.x")` is an import too."""
+    return [node.value for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and (node.value == "flows" or node.value.startswith("flows."))]
+
+
+def test_steps_never_import_flows_not_even_by_string():
+    offenders = sorted(f"{p.relative_to(ROOT)}: {name}" for p in (ROOT / "steps").rglob("*.py")
+                       for name in sorted(({"flows"} & _imports(p)) | set(_flows_strings(p))))
+    assert offenders == [], f"steps/ is below flows/: {offenders}"
+
+
+def test_every_step_main_is_the_shared_one():
+    """`main()` of every step is `step_main(<step>, argv)`: one set of flags, one error contract."""
+    for name in STEPS:
+        tree = ast.parse((ROOT / "steps" / f"{name}.py").read_text())
+        (main,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+        assert len(main.body) == 1 and "step_main" in ast.unparse(main.body[0]), f"steps/{name}.py main()"
 
 
 def test_every_step_module_has_run_and_main():

@@ -274,9 +274,9 @@ def test_cli_finds_the_configs_target_artifact_and_prints_the_dataset_id(clean_r
     store, tid, path, m = clean_run
     sets = ["target.tiny.pretrain_steps=100", f"dataset.sources=[{{kind: file, path: '{path}'}}]",
             "datagen.max_new_tokens=12", "datagen.batch_size=4"]
-    argv = ["--config", "configs/tiny.yaml", "--store", store.uri] + [a for s in sets for a in ("--set", s)]
+    argv = ["--config", "configs/tiny.yaml", "--store", store.uri, "--json"] + [a for s in sets for a in ("--set", s)]
     assert D.main(argv) == 0
-    new_id = capsys.readouterr().out.strip()
+    new_id = json.loads(capsys.readouterr().out)["id"]
     assert store.exists("dataset", new_id) and store.manifest("dataset", new_id).inputs == {"target": tid}
 
 

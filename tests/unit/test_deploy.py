@@ -18,9 +18,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 PREFECT_FILE = REPO / "deploy" / "prefect.yaml"
 POOLS_DIR = REPO / "deploy" / "pools"
-STEPS = ("target", "datagen", "extract", "mapping", "train", "export", "verify", "serve", "benchmark", "gate")
-CLASS_OF = {"target": "cpu", "mapping": "cpu", "export": "cpu", "datagen": "gpu", "extract": "gpu", "train": "gpu",
-            "verify": "gpu", "serve": "serve", "benchmark": "serve", "gate": "serve"}
+#: the one table of steps (steps/registry.py): prefect.yaml must follow it
+from steps.registry import STEPS as REGISTRY  # noqa: E402
+
+STEPS = tuple(REGISTRY)
+CLASS_OF = {name: s.hardware for name, s in REGISTRY.items()}
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +47,26 @@ def template(pool: str) -> dict[str, Any]:
 def test_every_step_has_a_local_docker_and_k8s_deployment_on_the_pool_of_its_class(deployments):
     from flows.step_flows import HARDWARE
 
-    assert HARDWARE == CLASS_OF, "flows/step_flows.py HARDWARE changed: update deploy/prefect.yaml and this test"
+    assert HARDWARE == CLASS_OF, "flows/step_flows.py HARDWARE is a view of steps/registry.py"
     for step in STEPS:
         cls = CLASS_OF[step]
         pools = {kind: deployments[f"{step}/{kind}"]["work_pool"]["name"] for kind in ("local", "docker", "k8s")}
         assert pools == {"local": "local", "docker": f"{cls}-docker", "k8s": f"{cls}-k8s"}, step
-        assert deployments[f"{step}/local"]["entrypoint"] == f"flows/step_flows.py:{step}_flow"
+        for kind in ("local", "docker", "k8s"):
+            dep = deployments[f"{step}/{kind}"]
+            assert dep["entrypoint"] == f"flows/step_flows.py:{step}_flow", f"{step}/{kind}"
+            assert dep["tags"] == ["eaglenest", cls], f"{step}/{kind}"
+
+
+def test_the_step_deployments_are_exactly_the_registry_steps(deployments):
+    """A registry row without its three deployments (or a deployment left behind by a removed step) fails."""
+    import flows.step_flows as step_flows
+
+    step_entrypoints = {d["entrypoint"].split(":")[1] for d in deployments.values()
+                        if d["entrypoint"].startswith("flows/step_flows.py:")}
+    assert step_entrypoints == {f"{s}_flow" for s in STEPS}
+    assert {name for name in vars(step_flows) if name.endswith("_flow") and not name.startswith("_")} \
+        == step_entrypoints
 
 
 def test_the_contract_deployments_exist_with_their_parameters(deployments):

@@ -131,7 +131,7 @@ def test_two_gloo_ranks_under_torchrun_follow_the_one_process_loss_curve(inputs,
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config_data()))
     out = torchrun(tmp_path, "steps.train", ["--config", str(tmp_path / "cfg.yaml"), "--store",
                                              f"file://{tmp_path / 'store'}", "--target", ids["target_id"],
-                                             "--hidden", ids["hidden_id"], "--vocab", ids["vocab_id"]])
+                                             "--hidden", ids["hidden_id"], "--vocab", ids["vocab_id"], "--json"])
     printed = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert len(printed) == 1                                            # rank 0 answers for the job
     ref = one_process["manifest"]

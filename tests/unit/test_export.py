@@ -120,6 +120,6 @@ def test_the_cli_prints_the_export_id(world, tmp_path, capsys):
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(yaml.safe_dump(world["cfg"].model_dump(mode="json")))
     rc = export.main(["--config", str(cfg_file), "--store", world["store"].uri, "--draft", world["draft_id"],
-                      "--target", world["target_id"]])
-    out = capsys.readouterr().out.strip()
+                      "--target", world["target_id"], "--json"])
+    out = json.loads(capsys.readouterr().out)["id"]
     assert rc == 0 and world["store"].exists("export", out)

@@ -157,8 +157,8 @@ def test_hf_dir_refuses_missing_pieces(tmp_path):
 def test_cli_prints_the_artifact_id(tiny, capsys):
     store, m, _ = tiny
     assert T.main(["--config", "configs/tiny.yaml", "--store", store.uri,
-                   "--set", f"target.tiny.pretrain_steps={TEST_PRETRAIN_STEPS}"]) == 0
-    assert capsys.readouterr().out.strip() == m.id
+                   "--set", f"target.tiny.pretrain_steps={TEST_PRETRAIN_STEPS}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == m.id
 
 
 @pytest.mark.slow

@@ -1,0 +1,278 @@
+"""The one table of steps, and the one CLI every step shares.
+
+`STEPS` names each step once: its module (`steps.<name>`), the artifact ids its `run()` takes (in
+order), the keyword options `run()` accepts, the artifact kind it writes, its hardware class and its
+one-line help. Everything else derives from it: `flows/step_flows.py` (the flows and their
+deployments' names), `flows/cli.py` (the `eaglenest` commands), the container entrypoint (it asks
+`eaglenest --commands`), and the tests that pin `deploy/prefect.yaml` to it.
+
+`step_main(step, argv)` is the CLI of every step (`eaglenest <step>` and `python -m steps.<step>`):
+
+    eaglenest <step> [--config C] [--store URI] [--set SECTION.FIELD=VALUE ...] [--<input> ID ...]
+                     [--<option> V ...] [--json] [--debug] [--version]
+
+Expected errors (a missing artifact, a bad store URI, an unreadable or invalid config) print one line
+on stderr naming the problem and the fix, exit 2; `--debug` re-raises them with the traceback.
+
+This module names step modules only as strings and imports them when a command runs: it is library
+(imports point down, docs/ARCHITECTURE.md), and `--help` must not pay for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: one default for every step, the flows and `eaglenest pipeline`: the tiny config runs offline on a CPU
+#: in seconds, so a bare `eaglenest <step>` does something real and cheap instead of refusing to start.
+DEFAULT_CONFIG = "configs/tiny.yaml"
+
+Hardware = Literal["cpu", "gpu", "serve"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line argument beyond the shared ones: `--<name with dashes>`, stored as `name`."""
+
+    name: str
+    help: str
+    type: Callable[[str], Any] = str
+    flag: bool = False       # a store_true switch
+    cli: bool = True         # False: a keyword run() accepts from flows only (serve's `env` mapping)
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        flag = "--" + self.name.replace("_", "-")
+        if self.flag:
+            parser.add_argument(flag, dest=self.name, action="store_true", help=self.help)
+        else:
+            parser.add_argument(flag, dest=self.name, type=self.type, default=None, help=self.help)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    inputs: tuple[str, ...]             # artifact ids run() takes, in order; each is a `--<input> ID` flag
+    output: str                         # the artifact kind it writes
+    hardware: Hardware                  # the image and work pool it runs on (DESIGN.md)
+    help: str
+    options: tuple[Option, ...] = ()    # keyword options of run()
+    #: CLI-only arguments, read by `hook` (a function of the step module) before the store is opened:
+    #: `hook(cfg, args) -> int | None`; an int ends the command with that exit code, None goes on to run().
+    cli_args: tuple[Option, ...] = ()
+    hook: str | None = None
+    #: a function of the step module `(manifest) -> int` for a step whose result is a verdict (gate).
+    exit_code: str | None = None
+    #: torchrun-aware: only rank 0 prints, and the process group is shut down however run() ends.
+    distributed: bool = False
+    description: str = field(default="", repr=False)
+
+    @property
+    def module(self) -> str:
+        return f"steps.{self.name}"
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.options)
+
+
+_ROWS = (
+    Step("target", (), "target", "cpu",
+         "make the target artifact (SmolLM2 from its package, tiny, or a local HF dir)"),
+    Step("datagen", ("target",), "dataset", "gpu", "regenerate assistant turns with the target"),
+    Step("extract", ("target", "dataset"), "hidden", "gpu",
+         "capture aux + final hidden states in rounds under a disk budget", distributed=True),
+    Step("mapping", ("dataset", "target"), "vocab", "cpu", "build the draft vocab map (d2t / t2d)"),
+    Step("train", ("target", "hidden", "vocab"), "draft", "gpu",
+         "train the EAGLE-3 draft with training-time test (several GPUs: torchrun -m steps.train)",
+         distributed=True),
+    Step("export", ("draft", "target"), "export", "cpu", "write SGLang and vLLM draft directories, strictly checked"),
+    Step("verify", ("export", "target"), "verify", "gpu", "offline τ of an exported draft with the reference engine"),
+    Step("serve", ("export", "target"), "serve", "serve",
+         "start SGLang for an export (flags derived, preflight-checked); --draft DIR launches a directory",
+         options=(Option("env", "extra server environment", cli=False),),
+         cli_args=(Option("draft", "an exported SGLang draft directory: launch it and stay up (no artifact)"),
+                   Option("target_path", "the target model directory (default: target.path of an hf_dir config)"),
+                   Option("port", "override serve.port", type=int),
+                   Option("disable_cuda_graph", "start with CUDA graphs off", flag=True),
+                   Option("print_command", "print the launch command and exit", flag=True),
+                   Option("log_dir", "where server logs go (default: out/serve)")),
+         hook="launch_directory"),
+    Step("benchmark", ("export", "target"), "benchmark", "serve",
+         "baseline vs speculative tokens/s, live τ, latency; JSON, markdown, plot",
+         options=(Option("baseline_url", "a running no-draft server (default: start one)"),
+                  Option("spec_url", "a running speculative server (default: start one)"),
+                  Option("attempt", "retry number, recorded in the artifact", type=int))),
+    Step("gate", ("export", "target", "benchmark"), "gate", "serve",
+         "promote the export if it beats production (exit 1 when it does not)",
+         options=(Option("spec_url", "the externally run server that was benchmarked, if any"),),
+         exit_code="exit_code"),
+)
+STEPS: dict[str, Step] = {s.name: s for s in _ROWS}
+
+#: the tools: their own argument shapes (a directory, not artifact ids), same `eaglenest` dispatch.
+TOOLS: dict[str, str] = {
+    "doctor": "diagnose any EAGLE-3 draft dir (and optionally a live server) against F1–F9",
+    "convert": "convert a draft between the SGLang/official and speculators layouts",
+}
+
+
+def version() -> str:
+    """The installed package's version; a source checkout that was never installed has CODE_VERSION."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("eaglenest")
+    except PackageNotFoundError:
+        from steps.store import CODE_VERSION
+
+        return CODE_VERSION
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """--config / --store / --set: the same flags, defaults and precedence for every step and flow CLI."""
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help=f"a YAML config path or a name in configs/ (tiny, smollm2-135m); default {DEFAULT_CONFIG}")
+    parser.add_argument("--store", default=None,
+                        help="store URI (file://PATH or s3://BUCKET/PREFIX); default: $EAGLENEST_STORE, else the "
+                             "config's `store`")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a config field (repeatable); re-validated by the schema")
+
+
+def parser_for(step: Step) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"eaglenest {step.name}", description=step.help)
+    add_common_args(parser)
+    for name in step.inputs:
+        default = " (default: the target this config names)" if name == "target" else ""
+        parser.add_argument(f"--{name}", default=None, metavar="ID", help=f"{name} artifact id{default}")
+    for opt in (*step.options, *step.cli_args):
+        if opt.cli:
+            opt.add_to(parser)
+    parser.add_argument("--json", action="store_true", help="print the artifact's kind, id, uri and metrics as JSON")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an expected error")
+    parser.add_argument("--version", action="version", version=f"eaglenest {version()}")
+    return parser
+
+
+class UsageError(Exception):
+    """An expected error: printed as one line with its fix, exit 2."""
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    import yaml
+
+    from steps.config import ConfigError
+    from steps.store import ArtifactError
+
+    return (UsageError, ConfigError, ArtifactError, OSError, json.JSONDecodeError, yaml.YAMLError)
+
+
+def _one_line(err: BaseException) -> str:
+    """The problem and its fix, on one line."""
+    from steps.config import ConfigError
+    from steps.store import ArtifactError
+
+    if isinstance(err, UsageError):
+        return str(err)
+    if isinstance(err, ConfigError):
+        fix = "--config takes a name in configs/ or a YAML path; --set SECTION.FIELD=VALUE"
+    elif isinstance(err, ArtifactError | FileNotFoundError):
+        fix = "check the ids (each step prints the id it wrote; --json) and that --store is the store they are in"
+    elif isinstance(err, OSError):
+        fix = "check the path and its permissions"
+    else:
+        fix = "fix the file it names"
+    text = " ".join(str(err).split())  # a multi-line message (YAML marks) becomes the one line
+    return f"{text} — {fix}"
+
+
+def _open_store(explicit: str | None, configured: str) -> Any:
+    from steps.store import open_store, store_uri_for
+
+    uri = store_uri_for(explicit, configured)
+    try:
+        return open_store(uri)
+    except ValueError as err:  # only the URI's shape: a ValueError from a step is a bug, not a usage error
+        raise UsageError(f"{err} — pass --store file://PATH or s3://BUCKET/PREFIX, or set EAGLENEST_STORE") from err
+
+
+def _input_ids(step: Step, args: argparse.Namespace, cfg: Any, store: Any) -> list[str]:
+    ids = []
+    for name in step.inputs:
+        value = getattr(args, name)
+        if value is None and name == "target":
+            # the target is a function of the config: name it, never run the target step (a step never runs
+            # another); the store says whether it exists
+            from steps.artifacts import target_artifact_id
+
+            value = target_artifact_id(cfg)
+            if not store.exists("target", value):
+                raise UsageError(f"no target artifact {value} for {args.config} in {store.uri} — run `eaglenest "
+                                 "target` with the same --config and --store first, or pass --target ID")
+        if value is None:
+            producer = next(s.name for s in STEPS.values() if s.output == name)
+            raise UsageError(f"missing --{name} ID — pass the id `eaglenest {producer}` printed for this config")
+        ids.append(value)
+    return ids
+
+
+def _is_rank_zero() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _run(step: Step, args: argparse.Namespace) -> int:
+    from steps.config import find_config, load_config
+
+    cfg = load_config(find_config(args.config), args.overrides)
+    module = importlib.import_module(step.module)
+    if step.hook is not None:
+        code = getattr(module, step.hook)(cfg, args)
+        if code is not None:
+            return int(code)
+    store = _open_store(args.store, cfg.store)
+    ids = _input_ids(step, args, cfg, store)
+    options = {o.name: getattr(args, o.name) for o in step.options if o.cli and getattr(args, o.name) is not None}
+    start = time.perf_counter()
+    try:
+        manifest = module.run(cfg, store, *ids, **options)
+    finally:
+        if step.distributed:
+            from steps import distributed
+
+            distributed.shutdown()
+    if step.distributed and not _is_rank_zero():  # one answer per torchrun job
+        return 0
+    uri = store.artifact_uri(manifest.kind, manifest.id)
+    if args.json:
+        print(json.dumps({"kind": manifest.kind, "id": manifest.id, "uri": uri, "metrics": manifest.metrics}))
+    else:
+        print(f"{step.name}: {manifest.kind} {manifest.id} in {time.perf_counter() - start:.1f} s → {uri}")
+    return int(getattr(module, step.exit_code)(manifest)) if step.exit_code else 0
+
+
+def step_main(name: str, argv: list[str] | None = None) -> int:
+    """The CLI of step `name`; returns the exit code (0, 1 for a gate that refuses, 2 for a usage error)."""
+    step = STEPS[name]
+    args = parser_for(step).parse_args(sys.argv[1:] if argv is None else argv)
+    # steps log their progress (rounds, losses) with `logging`: to stderr, so stdout is only the result
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return _run(step, args)
+    except _expected_errors() as err:
+        if args.debug:
+            raise
+        print(f"eaglenest {name}: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["DEFAULT_CONFIG", "Option", "Step", "STEPS", "TOOLS", "add_common_args", "parser_for", "step_main",
+           "version", "UsageError"]

@@ -1,0 +1,137 @@
+"""The one CLI every step shares (steps/registry.py `step_main`), driven as a user would: the same flags and
+help shape everywhere, `--json`, one-line errors with exit 2, `--debug`, `--version`, the store precedence."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from steps.registry import STEPS, step_main, version
+from steps.store import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_FLAGS = ("--config", "--store", "--set", "--json", "--debug", "--version")
+
+
+@pytest.mark.parametrize("name", list(STEPS))
+def test_every_step_has_the_same_help_shape(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        step_main(name, ["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: eaglenest {name} ")
+    for flag in (*SHARED_FLAGS, *(f"--{i}" for i in STEPS[name].inputs)):
+        assert flag in text, f"{name} --help lacks {flag}"
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        step_main("mapping", ["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"eaglenest {version()}"
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", version())
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A config file and a store holding a target and a dataset: mapping's inputs, nothing else."""
+    store = open_store(f"file://{tmp_path}/store")
+    t = store.begin("target", "t0", step="target")
+    t.path("config.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 8}))
+    t.commit(meta={"source": "tiny"})
+    d = store.begin("dataset", "d0", step="datagen")
+    rows = [{"id": "a", "input_ids": [1, 5, 5, 9, 60], "loss_mask": [0, 1, 1, 1, 0]}]
+    d.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d.commit()
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"name": "t", "store": f"file://{tmp_path}/config-store",
+                                      "target": {"source": "tiny"}, "mapping": {"draft_vocab_size": 2}}))
+    return {"store": store, "config": str(config), "tmp": tmp_path}
+
+
+def test_json_prints_kind_id_uri_and_metrics(world, capsys, monkeypatch):
+    monkeypatch.delenv("EAGLENEST_STORE", raising=False)
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "d0", "--target", "t0"]
+    assert step_main("mapping", [*argv, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert set(record) == {"kind", "id", "uri", "metrics"} and record["kind"] == "vocab"
+    assert record["uri"] == world["store"].artifact_uri("vocab", record["id"])
+    assert record["metrics"]["distinct_tokens"] == 2            # 5 and 9: answer tokens only
+    assert step_main("mapping", argv) == 0
+    (line,) = capsys.readouterr().out.splitlines()                     # without --json: one human line
+    assert record["id"] in line and record["uri"] in line
+
+
+def test_mapping_honours_eaglenest_store_over_the_config(world, capsys, monkeypatch):
+    """The containers set EAGLENEST_STORE; explicit --store > $EAGLENEST_STORE > the config's `store`."""
+    monkeypatch.setenv("EAGLENEST_STORE", world["store"].uri)
+    assert step_main("mapping", ["--config", world["config"], "--dataset", "d0", "--target", "t0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["uri"].startswith(world["store"].uri)
+    assert not (world["tmp"] / "config-store" / "vocab").exists()
+
+
+def test_train_honours_eaglenest_store(world, capsys, monkeypatch):
+    """Cheap: train looks its inputs up in the store EAGLENEST_STORE names (and says so when one is absent)."""
+    env_store = open_store(f"file://{world['tmp']}/env-store")
+    monkeypatch.setenv("EAGLENEST_STORE", env_store.uri)
+    assert step_main("train", ["--config", world["config"], "--target", "t0", "--hidden", "h", "--vocab", "v"]) == 2
+    assert env_store.uri in capsys.readouterr().err
+
+
+def _one_error_line(capsys) -> str:
+    out = capsys.readouterr()
+    lines = out.err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.err, out.err
+    return lines[0]
+
+
+def test_a_missing_artifact_is_one_line_with_the_fix(world, capsys):
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "nope", "--target", "t0"]
+    assert step_main("mapping", argv) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("eaglenest mapping: ") and "dataset/nope" in line and "--store" in line
+
+
+def test_a_missing_default_target_names_the_step_that_makes_it(world, capsys):
+    assert step_main("datagen", ["--config", world["config"], "--store", world["store"].uri]) == 2
+    line = _one_error_line(capsys)
+    assert "no target artifact" in line and "eaglenest target" in line
+
+
+def test_a_bad_store_uri_is_one_line_with_the_fix(world, capsys):
+    assert step_main("mapping", ["--config", world["config"], "--store", "nope://x", "--dataset", "d0"]) == 2
+    line = _one_error_line(capsys)
+    assert "nope://x" in line and "file://PATH" in line and "EAGLENEST_STORE" in line
+
+
+@pytest.mark.parametrize("content", [None, "name: [unclosed\n  - x: {", "- a list\n"])
+def test_an_unreadable_or_invalid_config_is_one_line_with_the_fix(tmp_path, capsys, content):
+    config = tmp_path / "c.yaml"
+    if content is not None:
+        config.write_text(content)
+    assert step_main("export", ["--config", str(config), "--draft", "x", "--target", "y"]) == 2
+    line = _one_error_line(capsys)
+    assert str(config) in line and "--config" in line
+
+
+def test_debug_shows_the_traceback(world):
+    argv = ["--config", world["config"], "--store", "nope://x", "--dataset", "d0", "--target", "t0", "--debug"]
+    with pytest.raises(Exception, match="nope://x"):
+        step_main("mapping", argv)
+
+
+def test_the_console_script_dispatches_steps_tools_and_flows_without_steps_importing_flows(tmp_path):
+    """`python -m flows.cli`: the `eaglenest` script; a step command never imports Prefect."""
+    result = subprocess.run([sys.executable, "-c", "import sys\nfrom flows.cli import main\n"
+                             "try:\n    main(['export', '--config', 'nope.yaml'])\nexcept SystemExit:\n    pass\n"
+                             "assert 'prefect' not in sys.modules, 'a step command imported prefect'\n"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "--version"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.stdout.strip() == f"eaglenest {version()}"
