@@ -31,7 +31,7 @@ from prefect.states import Completed, Failed, State
 from flows import ui
 from flows.gate import current_flow_run_id, promote_in_transaction
 from flows.step_flows import STEPS, run_step_reporting
-from steps.config import find_config, load_config
+from steps.config import PipelineConfig, find_config, load_config
 from steps.gate import DIAGNOSED
 from steps.store import open_store, store_uri_for
 
@@ -96,7 +96,7 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
 
     decision = serve_benchmark_gate(step, done, export=export, target=target, spec_url=spec_url,
                                     baseline_url=baseline_url)
-    return finish(cfg.name, store_uri, done, decision, dataset)
+    return finish(cfg, config, store_uri, done, decision, dataset)
 
 
 def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: str, target: str,
@@ -119,6 +119,20 @@ def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: 
     return decision
 
 
+def launch_command(cfg: PipelineConfig, config: str, store: Any, export_id: str, target_id: str) -> str:
+    """The exact SGLang launch command for the export (paths local to a file:// store); for a remote store,
+    the command that prints it where the export is fetched (`eaglenest serve` resolves the target)."""
+    if not store.uri.startswith("file://"):
+        return f"eaglenest serve --config {config} --store {store.uri} --draft {export_id} --print-command"
+    import shlex
+
+    from steps.artifacts import export_dir, target_dir
+    from steps.serving import build_sglang_command
+
+    return shlex.join(build_sglang_command(cfg, target_path=target_dir(store, target_id),
+                                           draft_dir=export_dir(store, export_id, "sglang")))
+
+
 #: the run's final state per gate verdict. A verdict about the draft is a normal outcome a Prefect user reads
 #: at a glance (Completed, named after it); one about serving (zero acceptance, production degraded) fails
 #: the run, which also starts the rollback automation.
@@ -129,10 +143,10 @@ OUTCOMES = {"promote": "promoted", "current": "already in production, and it sti
             "zero-acceptance": "zero acceptance: production stays"}
 
 
-def finish(config_name: str, store_uri: str, done: dict[str, dict[str, Any]], decision: dict[str, Any],
+def finish(cfg: PipelineConfig, config: str, store_uri: str, done: dict[str, dict[str, Any]], decision: dict[str, Any],
            dataset: str | None) -> State:
     """Promote (transaction) or not, publish the table and the report, log the result; the run's final state."""
-    store = open_store(store_uri)
+    config_name, store = cfg.name, open_store(store_uri)
     verdict = decision["verdict"]
     if verdict == "promote":
         candidate = decision["candidate"]
@@ -142,7 +156,8 @@ def finish(config_name: str, store_uri: str, done: dict[str, dict[str, Any]], de
                                 "config": config_name})
     bench = next(r for k, r in reversed(done.items()) if k.startswith("benchmark"))
     plot = store.fetch_file("benchmark", bench["id"], "benchmark.png").read_bytes()
-    result = ui.run_result(done, decision, export_uri=store.artifact_uri("export", done["export"]["id"]))
+    result = ui.run_result(done, decision, export_uri=store.artifact_uri("export", done["export"]["id"]),
+                           launch=launch_command(cfg, config, store, done["export"]["id"], done["target"]["id"]))
     report = ui.run_report(config_name, done, dataset=dataset, decision=decision,
                            production=store.get_alias("production"), plot_png=plot,
                            outcome=OUTCOMES.get(verdict, verdict), result=result)

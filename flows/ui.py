@@ -62,7 +62,8 @@ def _fmt(v: Any) -> Any:
     return round(v, 4) if isinstance(v, float) else v
 
 
-def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, export_uri: str) -> dict[str, Any]:
+def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, export_uri: str,
+               launch: str | None = None) -> dict[str, Any]:
     """What a user wants from a finished run: the verdict and why, live and offline numbers (named as such),
     and where the exported drafter is."""
     candidate = decision.get("candidate") or {}
@@ -73,7 +74,7 @@ def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, 
             "tau_offline": offline.get("tau"),
             "speedup_offline": offline.get("speedup"),
             "export": export_uri, "sglang": f"{export_uri}/sglang", "vllm": f"{export_uri}/vllm",
-            "doctor": failing, "fix": (decision.get("fix") or {}).get("how")}
+            "doctor": failing, "fix": (decision.get("fix") or {}).get("how"), "launch": launch}
 
 
 def result_lines(result: dict[str, Any]) -> list[str]:
@@ -83,6 +84,8 @@ def result_lines(result: dict[str, Any]) -> list[str]:
              f"held-out prompts); speedup {_num(result['speedup_live'], 2, 'x')} live, "
              f"{_num(result['speedup_offline'], 2, 'x')} offline",
              f"draft: {result['sglang']} (SGLang), {result['vllm']} (vLLM)"]
+    if result.get("launch"):
+        lines.append(f"serve it: {result['launch']}")
     if result["doctor"]:
         lines.append(f"doctor: {', '.join(result['doctor'])} failing (docs/FAILURES.md)"
                      + (f"; fix: {result['fix']}" if result["fix"] else ""))

@@ -11,7 +11,7 @@ through here. Each reader verifies what it returns: files against the manifest (
 | `dataset` | steps/datagen.py    | `read_conversations`                                        |
 | `vocab`   | steps/mapping.py    | `load_vocab`                                                |
 | `draft`   | steps/train.py      | `load_draft`                                                |
-| `export`  | steps/export.py     | `export_dir`                                                |
+| `export`  | steps/export.py     | `export_dir`, `served_export` (a directory or an id, with its target) |
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from steps.checks.vocab import validate_vocab
 from steps.config import PipelineConfig
 from steps.draft import DraftConfig, Eagle3Draft
-from steps.store import Store, artifact_id, sha256_file
+from steps.store import ARTIFACT_ID, Store, artifact_id, open_store, sha256_file
 
 # --- file names shared by writers and readers ----------------------------------------------------------
 
@@ -156,3 +156,31 @@ def export_dir(store: Store, export_id: str, engine: str) -> Path:
         raise KeyError(f"export {export_id} has no {engine!r} directory; it holds {sorted(m.meta.get('engines', {}))} "
                        "(set export.engines to include it and re-run export)")
     return store.fetch("export", export_id) / engine
+
+
+def served_export(draft: str, store_uri: str) -> tuple[Path, Path | None]:
+    """An exported SGLang draft given as a directory or an export artifact id, and the target directory its
+    lineage names: the export's manifest records the target it was trained for, so serving it needs no
+    `--target-path`. A directory outside any file:// store (copied elsewhere, or downloaded) has no
+    lineage: (its path, None)."""
+    path = Path(draft)
+    if path.is_dir():
+        found = _export_holding(path.resolve())
+        if found is None:
+            return path, None
+        store, export_id = open_store(f"file://{found[0]}"), found[1]
+    elif ARTIFACT_ID.fullmatch(draft):
+        store, export_id = open_store(store_uri), draft
+        path = export_dir(store, export_id, "sglang")
+    else:
+        raise FileNotFoundError(f"--draft {draft}: neither a directory nor an export artifact id (16 hex digits)")
+    target_id = store.manifest("export", export_id).inputs.get("target")
+    return path, (target_dir(store, target_id) if target_id else None)
+
+
+def _export_holding(engine_dir: Path) -> tuple[Path, str] | None:
+    """(store root, export id) when `engine_dir` is `<root>/artifacts/export/<id>/<engine>` of a file store."""
+    art = engine_dir.parent
+    if art.parent.name == "export" and art.parent.parent.name == "artifacts" and (art / "manifest.json").is_file():
+        return art.parents[2], art.name
+    return None

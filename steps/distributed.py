@@ -118,7 +118,7 @@ def _wait_for_gloo_workers(limit_s: float = 30.0, poll_s: float = 0.01) -> None:
 
     Why: destroy_process_group() only drops torch.distributed's own references; the gloo group and its
     worker threads live on as long as anything holds it, and FSDP2 leaves holders that neither we nor
-    gc can reach (DTensor's sharding caches keep its DeviceMesh, which keeps the group). A worker thread
+    gc can reach (e.g. DTensor's sharding caches keep its DeviceMesh, which keeps the group). A worker thread
     frees the last reference to a finished collective (with its tensors) only *after* waking the
     caller, and freeing a tensor that Python has seen takes the GIL. When the process exits right
     after a collective (an exception or Ctrl-C between steps) and that worker has not run yet (a

@@ -98,8 +98,9 @@ _ROWS = (
     Step("serve", ("export", "target"), "serve", "serve",
          "start SGLang for an export (flags derived, preflight-checked); --draft DIR launches a directory",
          options=(Option("env", "extra server environment", cli=False),),
-         cli_args=(Option("draft", "an exported SGLang draft directory: launch it and stay up (no artifact)"),
-                   Option("target_path", "the target model directory (default: target.path of an hf_dir config)"),
+         cli_args=(Option("draft", "an exported SGLang draft: its directory or export id; launch it and stay up "
+                          "(no artifact; the target comes from the export's lineage)"),
+                   Option("target_path", "the target model directory (default: the one the export was trained for, from the store)"),
                    Option("port", "override serve.port", type=int),
                    Option("disable_cuda_graph", "start with CUDA graphs off", flag=True),
                    Option("print_command", "print the launch command and exit", flag=True),

@@ -32,10 +32,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from steps.artifacts import served_export
 from steps.config import PipelineConfig
 from steps.launch import ServerStartError, launch_with_fallback
 from steps.registry import UsageError, step_main
 from steps.serving import build_sglang_command, health_url_for, preflight, start, target_config_for
+from steps.store import store_uri_for
 
 
 def run(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *,
@@ -63,11 +65,15 @@ def launch_directory(cfg: PipelineConfig, args: argparse.Namespace) -> int | Non
             raise UsageError("--print-command and --target-path go with --draft DIR (an exported SGLang draft "
                              "directory); for artifacts pass --export ID --target ID")
         return None
-    args.target_path = args.target_path or cfg.target.path
+    # the target comes from the export's lineage in the store; --target-path only overrides it
+    draft_dir, lineage_target = served_export(args.draft, store_uri_for(args.store, cfg.store))
+    args.draft = str(draft_dir)
+    args.target_path = args.target_path or (lineage_target and str(lineage_target)) or cfg.target.path
     args.log_dir = args.log_dir or "out/serve"
     if not args.target_path:
-        raise UsageError(f"{args.config}: target.source={cfg.target.source} names no model directory; pass "
-                         "--target-path (the target's local HF directory, e.g. `eaglenest target` prints its artifact)")
+        raise UsageError(f"--draft {args.draft}: no store lineage names its target (a directory outside the store) "
+                         f"and {args.config} (target.source={cfg.target.source}) names no model directory; pass "
+                         "--target-path (the target's local HF directory)")
     try:
         cmd = build_sglang_command(cfg, target_path=args.target_path, draft_dir=args.draft, port=args.port,
                                    disable_cuda_graph=args.disable_cuda_graph)

@@ -66,10 +66,16 @@ def summarize(total: AcceptStats, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "mismatches": sum(not r["match"] for r in rows)}
 
 
+#: 2: τ under `tau` (1 stored it as `acceptance_length`).
+METRICS_SCHEMA = 2
+
+
 def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Manifest:
     """Offline τ of the exported SGLang draft; fails if speculative output differs from plain greedy."""
     section, inputs = config_dict(cfg.verify), {"export": export_id, "target": target_id}
-    verify_id = artifact_id("verify", section, inputs)
+    # METRICS_SCHEMA is in the id: a verify artifact from before τ was stored as `tau` is measured again
+    # rather than reused with metrics its readers no longer know
+    verify_id = artifact_id("verify", {**section, "metrics_schema": METRICS_SCHEMA}, inputs)
     if store.exists("verify", verify_id):
         return store.manifest("verify", verify_id)
     target, tokenizer = load_target(store, target_id)

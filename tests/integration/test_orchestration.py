@@ -175,6 +175,9 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     assert f"τ {production['meta']['tau']:.3f} live" in tail, tail
     assert f"draft: {export_uri}/sglang (SGLang), {export_uri}/vllm (vLLM)" in tail, tail
     assert "finished successfully in 'Promoted'" in tail, tail
+    launch = re.search(r"serve it: (.*sglang\.launch_server.*)", tail)
+    assert launch and f"--speculative-draft-model-path {export_uri.removeprefix('file://')}/sglang" in launch[1], tail
+    assert "--speculative-algorithm EAGLE3" in launch[1], tail
     children = child_runs(prefect_stack, run_id)
     assert set(children) >= {"target", "datagen", "extract", "mapping", "train", "export", "verify", "serve",
                              "benchmark", "gate"}, children

@@ -216,6 +216,9 @@ def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
     decision = {"verdict": "reject", "reasons": ["live τ 1.338 < gate.min_tau 5.0"],
                 "candidate": {"tau": 1.3380952, "speedup": 0.38}, "diagnosis": [], "fix": None}
     result = run_result(records, decision, export_uri="file:///s/artifacts/export/e1")
+    assert run_result(records, decision, export_uri="u", launch="python -m sglang.launch_server --x")["launch"] \
+        == "python -m sglang.launch_server --x"
+    assert result_lines(run_result(records, decision, export_uri="u", launch="cmd"))[-1] == "serve it: cmd"
     assert result_lines(result) == [
         "gate: reject: live τ 1.338 < gate.min_tau 5.0",
         "τ 1.338 live, 1.672 offline (reference engine, held-out prompts); speedup 0.38x live, 0.41x offline",

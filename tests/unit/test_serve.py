@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -417,3 +418,28 @@ def test_cli_takes_the_target_path_from_an_hf_dir_config(tmp_path, capsys):
 def test_cli_without_a_target_path_names_the_fix(tmp_path, capsys):
     rc = serve.main(["--config", "tiny", "--draft", str(write_draft(tmp_path)), "--print-command"])
     assert rc == 2 and "--target-path" in capsys.readouterr().err
+
+
+def test_cli_finds_the_target_of_an_export_through_its_lineage(tmp_path, capsys):
+    """`serve --draft <export>/sglang` (or the export id) on a config that names no model directory: the
+    export's manifest in the store records its target, so no --target-path is needed; one still overrides."""
+    from tests.builders import bigram_world, free_port
+
+    world = bigram_world(tmp_path, free_port())
+    store, export_id = world["store"], world["export_id"]
+    for draft in (str(world["draft_dir"]), export_id):
+        rc = serve.main(["--config", "tiny", "--store", store.uri, "--draft", draft, "--print-command"])
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        argv = shlex.split(out.strip())
+        assert argv[argv.index("--model-path") + 1] == str(world["target_dir"])
+        assert argv[argv.index("--speculative-draft-model-path") + 1] == str(world["draft_dir"])
+    other = tmp_path / "elsewhere"
+    shutil.copytree(world["target_dir"], other)
+    rc = serve.main(["--config", "tiny", "--draft", str(world["draft_dir"]), "--target-path", str(other),
+                     "--print-command"])
+    argv = shlex.split(capsys.readouterr().out.strip())
+    assert rc == 0 and argv[argv.index("--model-path") + 1] == str(other)
+    # neither a directory nor an id: one line naming both forms
+    assert serve.main(["--config", "tiny", "--draft", str(tmp_path / "nope"), "--print-command"]) == 2
+    assert "neither a directory nor an export artifact id" in capsys.readouterr().err
