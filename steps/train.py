@@ -202,7 +202,7 @@ class ShardReader:
 
     def local(self, rel: str) -> Path:
         path = self.store.fetch_file("hidden", self.hidden.id, rel, self.hidden)
-        remote = self.store.backend.local_path(f"{self.store.key('hidden', self.hidden.id)}/{rel}") is None
+        remote = self.store.local_path(f"{self.store.key('hidden', self.hidden.id)}/{rel}") is None
         self.cache.admit(path, path.stat().st_size, owned=remote)   # evicts older copies (remote stores)
         return path
 
