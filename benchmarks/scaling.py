@@ -32,7 +32,8 @@ from steps.config import parse_config
 from steps.draft import DraftConfig, Eagle3Draft
 from steps.layers import default_aux_layer_ids
 from steps.mapping import build_vocab
-from steps.train import Batch, Setup, build_trainer, train_step
+from steps.training.loop import Setup, build_trainer, train_step
+from steps.training.plan import Batch
 
 #: target shapes (the draft's decoder layer takes the same); `tiny` is a CPU smoke test of this script.
 SHAPES = {

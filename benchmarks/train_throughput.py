@@ -15,7 +15,8 @@ import torch
 
 from steps.draft import DraftConfig, Eagle3Draft
 from steps.mapping import build_vocab
-from steps.train import Batch, ttt_loss
+from steps.training.plan import Batch
+from steps.training.ttt import ttt_loss
 
 TOKENS_PER_STEP = 8192
 

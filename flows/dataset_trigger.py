@@ -157,7 +157,7 @@ def list_datasets(store: Store) -> list[dict[str, Any]]:
     keys = [k for k in store.list_objects(f"{PREFIX}/") if k.count("/") == 2]
     records = []
     for key in keys:
-        stat = store.backend.stat(key)
+        stat = store.stat(key)
         if stat is not None:  # deleted between list and stat
             records.append(dataset_record(store, key, stat))
     return records
@@ -168,7 +168,7 @@ def upload_dataset(store: Store, path: Path, name: str) -> tuple[dict[str, Any],
 
     The same bytes already there are not sent again (same version, same event id)."""
     key = f"{PREFIX}/{check_name(name)}/{path.name}"
-    before = store.backend.stat(key)
+    before = store.stat(key)
     if before is not None and before["etag"] == md5_file(path):
         return dataset_record(store, key, before), False
     return dataset_record(store, key, store.put_object(key, path)), True

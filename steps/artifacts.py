@@ -2,7 +2,7 @@
 
 A step writes its artifact (`store.begin(...).commit(...)`); every later step, tool and flow reads it
 through here. Each reader verifies what it returns: files against the manifest (sizes and sha256,
-`steps/store.py`), a recorded `hf_dir` target against its config hash, the vocab map against F3
+`steps/store/`), a recorded `hf_dir` target against its config hash, the vocab map against F3
 (`steps/checks/vocab.py`). File names shared by a writer and its readers are defined here once.
 
 | kind      | written by          | read with                                                  |

@@ -340,7 +340,7 @@ def upload_and_verify(writer: ArtifactWriter, plan: ShardPlan) -> dict[str, Any]
     """Upload a shard, check it landed whole, delete the local copy (F8)."""
     rec = writer.upload(plan.path, delete_local=True,  # upload() checks the landed size
                         extra={"tokens": plan.tokens, "sequences": len(plan.sequences)})
-    landed = writer.store.backend.local_path(f"{writer.key}/{plan.path}")
+    landed = writer.store.local_path(f"{writer.key}/{plan.path}")
     if landed is not None and sha256_file(landed) != rec["sha256"]:
         raise ArtifactError(f"{writer.store.artifact_uri('hidden', writer.manifest.id)}/{plan.path}: "
                             "sha256 of the uploaded copy differs from the local shard; re-run extract")

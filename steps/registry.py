@@ -100,7 +100,8 @@ _ROWS = (
          options=(Option("env", "extra server environment", cli=False),),
          cli_args=(Option("draft", "an exported SGLang draft: its directory or export id; launch it and stay up "
                           "(no artifact; the target comes from the export's lineage)"),
-                   Option("target_path", "the target model directory (default: the one the export was trained for, from the store)"),
+                   Option("target_path", "the target model directory (default: the one the export was trained "
+                                         "for, from the store)"),
                    Option("port", "override serve.port", type=int),
                    Option("disable_cuda_graph", "start with CUDA graphs off", flag=True),
                    Option("print_command", "print the launch command and exit", flag=True),

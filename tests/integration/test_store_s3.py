@@ -1,4 +1,4 @@
-"""steps/store.py over s3:// against a real S3 protocol peer: moto's server on 127.0.0.1 (the
+"""steps/store/ over s3:// against a real S3 protocol peer: moto's server on 127.0.0.1 (the
 `s3_endpoint` fixture in tests/conftest.py), spoken to over HTTP through boto3's `endpoint_url` (no
 in-process mocks). The behaviour is the same `StoreContract` (tests/store_contract.py) that
 tests/unit/test_store.py runs over file://; S3-only checks follow it.

@@ -68,6 +68,17 @@ def test_the_import_scan_sees_every_spelling(tmp_path):
     assert _steps_modules_imported(src) == {"serve", "doctor", "train", "checks"}
 
 
+def test_the_stores_callers_never_touch_its_backend():
+    """Callers use `Store` methods; only steps/store/ knows a backend (tests may reach it to inject faults)."""
+    callers = [p for top in ("steps", "flows", "benchmarks", "scripts") for p in (ROOT / top).rglob("*.py")
+               if not p.is_relative_to(ROOT / "steps" / "store")]
+    offenders = sorted(f"{p.relative_to(ROOT)}:{node.lineno}" for p in callers
+                       for node in ast.walk(ast.parse(p.read_text()))
+                       if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                       and node.value.attr == "backend")
+    assert offenders == [], offenders
+
+
 def test_steps_never_import_prefect():
     offenders = [p.name for p in (ROOT / "steps").rglob("*.py") if "prefect" in _imports(p)]
     assert offenders == [], f"steps/ must stay plain Python (containers run it without Prefect): {offenders}"

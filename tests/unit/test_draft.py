@@ -7,7 +7,8 @@ import torch
 
 from steps.draft import DraftCache, DraftConfig, Eagle3Draft
 from steps.mapping import build_vocab
-from steps.train import Batch, loss_positions, ttt_unroll
+from steps.training.plan import Batch
+from steps.training.ttt import loss_positions, ttt_unroll
 from tests.builders import CANONICAL_DRAFT_KEYS
 
 CANONICAL_KEYS = CANONICAL_DRAFT_KEYS

@@ -1,4 +1,4 @@
-"""steps/store.py over file://: manifests last, verified reads, content-addressed ids, resumable
+"""steps/store/ over file://: manifests last, verified reads, content-addressed ids, resumable
 uploads, aliases, the bounded local cache and store-URI parsing.
 
 `StoreContract` (tests/store_contract.py) holds the behaviour every backend must have; `TestFileStore`

@@ -19,15 +19,10 @@ from steps.config import parse_config
 from steps.mapping import build_vocab
 from steps.shards import write_shard
 from steps.store import open_store
-from steps.train import (
-    build_plan,
-    layouts,
-    lr_at,
-    pack,
-    read_target_head,
-    run,
-    ttt_mask,
-)
+from steps.train import read_target_head, run
+from steps.training.loop import lr_at
+from steps.training.plan import build_plan, pack
+from steps.training.ttt import layouts, ttt_mask
 from tests.conftest import S3_BUCKET
 
 LAYER_IDS = [1, 2, 3]
