@@ -170,4 +170,6 @@ def finish(cfg: PipelineConfig, config: str, store_uri: str, done: dict[str, dic
     message = " | ".join(lines)
     if verdict in STATE_NAMES:
         return Completed(name=STATE_NAMES[verdict], message=message, data=done)
-    return Failed(message=message, data=done)
+    # a Failed state's data must be an exception (Prefect raises it for whoever reads the result); the step
+    # records stay in the store and the report
+    return Failed(message=message)

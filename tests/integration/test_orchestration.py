@@ -41,8 +41,9 @@ RUN_TIMEOUT_S = 1500
 # --- helpers ----------------------------------------------------------------------------------------------
 
 def prefect(stack, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "prefect"), *args], env=stack.env, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    # a wide "terminal": the CLI's console wraps log lines at 80 columns when its output is not a tty
+    return subprocess.run([str(Path(sys.executable).parent / "prefect"), *args], env={**stack.env, "COLUMNS": "1000"},
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 def run_pipeline(stack, *params: str, job_env: dict[str, str] | None = None) -> tuple[int, UUID, str]:
