@@ -26,6 +26,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE
 from prefect.deployments import run_deployment
+from prefect.logging.handlers import APILogHandler
 from prefect.states import Completed, Failed, State
 
 from flows import ui
@@ -167,6 +168,8 @@ def finish(cfg: PipelineConfig, config: str, store_uri: str, done: dict[str, dic
     logger = get_run_logger()
     for line in lines:       # the last lines of the run's log: what `prefect deployment run --watch` ends with
         logger.info(line)
+    # ship them before the final state: `--watch` stops listening a few seconds after a terminal state
+    APILogHandler().flush()
     message = " | ".join(lines)
     if verdict in STATE_NAMES:
         return Completed(name=STATE_NAMES[verdict], message=message, data=done)

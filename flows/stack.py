@@ -73,6 +73,9 @@ START_TIMEOUT_S = 600.0
 WORKER_QUERY_SECONDS = 2
 DEPLOY_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 30.0
+#: server settings that let `--watch` (and the UI's live view) follow a run's logs, not only its events.
+LOG_STREAM_ENV = {"PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+                  "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}
 
 
 class StackError(RuntimeError):
@@ -245,7 +248,9 @@ class Stack:
         return env
 
     def server_env(self) -> dict[str, str]:
-        env = self.env
+        # `prefect deployment run ... --watch` shows a run's logs only when the server streams them out
+        # (off by default in Prefect 3.9); the pipeline's result lines are logs
+        env = {**self.env, **LOG_STREAM_ENV}
         if not self.scheduler:
             env["PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED"] = "false"
         return env
