@@ -40,8 +40,10 @@ def exported_in_image(tiny_world, images):
     """The cpu image's export step on the tiny world's draft: the store is the mounted host folder."""
     w = tiny_world
     out = run(images["EAGLENEST_CPU_IMAGE"], "export", "--config", str(w["config"]), "--store", w["store_uri"],
-              "--draft", w["draft_id"], "--target", w["target_id"], volumes=(world_volume(w),))
-    return w | {"export_id": out.strip().splitlines()[-1]}  # `export` prints the artifact id last
+              "--draft", w["draft_id"], "--target", w["target_id"], "--json", volumes=(world_volume(w),))
+    record = json.loads(out.strip().splitlines()[-1])     # `--json`: the artifact's kind, id, URI, metrics
+    assert record["kind"] == "export" and record["uri"].endswith(f"/artifacts/export/{record['id']}")
+    return w | {"export_id": record["id"]}
 
 
 def test_cpu_image_runs_the_export_step_on_a_mounted_store(exported_in_image):
