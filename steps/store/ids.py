@@ -40,16 +40,6 @@ def check_ref(kind: str, art_id: str) -> None:
                                 f"{artifact_id('x', {})}); '..', '/' and absolute paths are refused")
 
 
-def parse_artifact_id(text: str) -> str:
-    """An artifact id as given on a command line: exactly 16 lowercase hex digits (argparse `type=`)."""
-    if not ARTIFACT_ID.fullmatch(text):
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"{text!r} is not an artifact id (16 hex digits, as printed by the step "
-                                         "that made it)")
-    return text
-
-
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
