@@ -1,24 +1,19 @@
-"""The one schema for eaglenest pipeline configs (`configs/*.yaml`).
+"""The schema of eaglenest pipeline configs (`configs/*.yaml`): one strict pydantic model a section.
 
-Every section is a strict pydantic model (`extra="forbid"`): a typo is an error naming the file and
-the field, never a silently ignored key. Values that can be derived (aux layer ids, the draft's
-shape, its `max_position_embeddings`) are derived here, once, by `resolve_*` helpers; call sites
-never re-derive them. Overrides are dotted paths (`train.lr=3e-4`) re-validated through the same
-schema. The resolved config and its hash go into every manifest.
+`extra="forbid"` everywhere: a typo is an error naming the file and the field, never a silently
+ignored key. Cross-field rules that need only the config live here; rules that need the target's
+real config.json live in `steps.config.derive`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from steps.layers import check_capturable, default_aux_layer_ids
+from steps.layers import check_capturable
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -327,126 +322,3 @@ class PipelineConfig(Section):
                              f"serve.eagle_topk=1 must be serve.num_steps+1={self.serve.num_steps + 1} "
                              "(SGLang forces it and warns)")
         return self
-
-
-# --- derived values ---------------------------------------------------------------------------------
-
-def resolve_aux_layer_ids(cfg: PipelineConfig, num_hidden_layers: int) -> list[int]:
-    """The aux layer ids actually captured (internal convention), validated against the target."""
-    configured = cfg.extract.aux_layer_ids
-    if configured is not None and not configured:
-        raise ConfigError("extract.aux_layer_ids=[] captures nothing; leave it unset for the default "
-                          "[2, N//2, N-3]")
-    try:
-        ids = list(configured) if configured is not None else default_aux_layer_ids(num_hidden_layers)
-        check_capturable(ids, num_hidden_layers)
-    except ValueError as err:
-        raise ConfigError(f"extract.aux_layer_ids: {err}") from None
-    return ids
-
-
-def resolve_draft_shape(cfg: PipelineConfig, target_config: dict[str, Any]) -> dict[str, int]:
-    """The draft decoder layer's shape: configured values, else the target's."""
-    d = cfg.train.draft
-    heads = d.num_attention_heads or target_config["num_attention_heads"]
-    hidden = target_config["hidden_size"]
-    return {
-        "hidden_size": hidden,
-        "intermediate_size": d.intermediate_size or target_config["intermediate_size"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": d.num_key_value_heads or target_config.get("num_key_value_heads", heads),
-        "head_dim": d.head_dim or target_config.get("head_dim") or hidden // heads,
-    }
-
-
-def resolve_max_position_embeddings(cfg: PipelineConfig, target_config: dict[str, Any]) -> int:
-    """The draft's `max_position_embeddings`: the target's serving context (F5)."""
-    return int(cfg.target.context_length or target_config["max_position_embeddings"])
-
-
-# --- loading ----------------------------------------------------------------------------------------
-
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
-    keys = dotted.split(".")
-    node = data
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{source}: override {dotted!r}: {k!r} is not a section")
-    node[keys[-1]] = value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str] | None, source: str) -> dict[str, Any]:
-    """Apply `a.b=value` overrides (values parsed as YAML) to raw config data."""
-    data = json.loads(json.dumps(data))
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"{source}: override {item!r} must look like section.field=value")
-        key, raw = item.split("=", 1)
-        _set_dotted(data, key.strip(), yaml.safe_load(raw), source)
-    return data
-
-
-def _format_validation_error(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: invalid config"]
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  - {field}: unknown field; check the spelling against steps/config.py")
-        elif e["type"] == "missing":
-            lines.append(f"  - {field}: required field is missing")
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            # A cross-field rule's input is a whole section; echoing it buries the message.
-            got = "" if isinstance(e.get("input"), dict) else f" (got {e.get('input')!r})"
-            lines.append(f"  - {field}: {msg}{got}")
-    return "\n".join(lines)
-
-
-def parse_config(data: dict[str, Any], source: str = "<config>") -> PipelineConfig:
-    try:
-        return PipelineConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format_validation_error(source, err)) from None
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
-    """Read, override and validate a YAML config; errors name the file and the field."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found (configs/ holds the shipped ones)")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return parse_config(apply_overrides(data, overrides, str(path)), str(path))
-
-
-def config_dict(section: BaseModel | dict[str, Any]) -> dict[str, Any]:
-    return section.model_dump(mode="json") if isinstance(section, BaseModel) else section
-
-
-def section_hash(section: BaseModel | dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of a config (section)."""
-    blob = json.dumps(config_dict(section), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-def find_config(name_or_path: str) -> Path:
-    """`tiny` → configs/tiny.yaml; a path is returned as is."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        return p
-    return CONFIGS_DIR / f"{name_or_path}.yaml"
-
-
-__all__ = [
-    "ConfigError", "PipelineConfig", "load_config", "parse_config", "apply_overrides", "section_hash",
-    "default_aux_layer_ids", "resolve_aux_layer_ids", "resolve_draft_shape",
-    "resolve_max_position_embeddings", "parse_size", "find_config", "config_dict",
-]
