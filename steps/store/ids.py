@@ -6,8 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,6 +32,38 @@ def sha256_file(src: str | Path | BinaryIO) -> str:
         return hashlib.file_digest(src, "sha256").hexdigest()
     with open(src, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _content_cache() -> Path:
+    """The one file of remembered hashes, shared by every store on the machine (a model directory is no
+    store's): `$EAGLENEST_CACHE/sha256-cache.jsonl`, else under the temp folder."""
+    root = os.environ.get("EAGLENEST_CACHE") or Path(tempfile.gettempdir()) / "eaglenest-cache"
+    return Path(root) / "sha256-cache.jsonl"
+
+
+def content_sha256(path: str | Path) -> str:
+    """sha256 of a file outside the store (an `hf_dir` model's weights, a local dataset file), remembered
+    by (path, size, mtime_ns): a 16 GB model is read once, and every later id costs one `stat`. Writing
+    the file changes its mtime, so a changed file is hashed again."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = [str(p), st.st_size, st.st_mtime_ns]
+    cache = _content_cache()
+    try:
+        for line in cache.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("key") == key:
+                return str(rec["sha256"])
+    except (OSError, ValueError, AttributeError):
+        pass  # no cache yet, or a torn line from a killed writer: hash again
+    digest = sha256_file(p)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with open(cache, "a") as f:     # one short line per O_APPEND write: concurrent writers do not tear it
+            f.write(json.dumps({"key": key, "sha256": digest}) + "\n")
+    except OSError:
+        pass  # a read-only cache only costs the next run a re-hash
+    return digest
 
 
 def check_ref(kind: str, art_id: str) -> None:

@@ -18,7 +18,7 @@ from steps import artifacts
 from steps import datagen as D  # noqa: E402
 from steps import target as T  # noqa: E402
 from steps.config import load_config  # noqa: E402
-from steps.store import open_store  # noqa: E402
+from steps.store import open_store, sha256_file  # noqa: E402
 
 PROMPTS = ["What does `json.dumps` do? Explain briefly.", "Name three colors.", "Who are you?",
            "What is the `random.Random` class used for? Explain briefly.", "Write a haiku about tea.",
@@ -302,3 +302,22 @@ def test_batch_size_changes_the_dataset_id_only_when_sampling():
     assert ident("datagen.max_new_tokens=8") != ident("datagen.max_new_tokens=9")
     assert (ident("datagen.temperature=1.0", "datagen.batch_size=8")
             != ident("datagen.temperature=1.0", "datagen.batch_size=32"))
+
+
+def test_a_local_dataset_file_is_part_of_the_id_by_its_bytes(tmp_path):
+    """Issue 11: the bytes of a `file` source are in the dataset id (hashed once per file version), even
+    where the prompts parse the same; the OpenAI server's address never is."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"id": "a", "messages": [{"role": "user", "content": "Hi?"}]}\n')
+    prompts = [{"id": "a", "source": "file", "messages": [{"role": "user", "content": "Hi?"}]}]
+
+    def ident(*overrides):
+        return D.dataset_identity(load_config("configs/tiny.yaml", [f"dataset.sources=[{{kind: file, path: {data}}}]",
+                                                                     *overrides]), prompts, 64)
+
+    before = ident()
+    assert before["files_sha256"] == {str(data): sha256_file(data)}
+    data.write_text(data.read_text().replace('"id": "a"', '"id":\t"a"'))   # same size, same rows
+    assert ident() != before and ident()["prompts_sha256"] == before["prompts_sha256"]
+    assert (ident("datagen.temperature=1.0", "datagen.backend=openai", "datagen.server_url=http://u:SECRET@h:1")
+            == ident("datagen.temperature=1.0", "datagen.backend=openai", "datagen.server_url=http://other:2"))

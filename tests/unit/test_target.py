@@ -16,7 +16,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from steps import artifacts
 from steps import target as T  # noqa: E402
 from steps.config import ConfigError, load_config  # noqa: E402
-from steps.store import open_store, sha256_file  # noqa: E402
+from steps.store import ArtifactError, open_store, sha256_file  # noqa: E402
 
 #: enough steps for the loss to fall well below ln(vocab) while the test stays short.
 TEST_PRETRAIN_STEPS = 150
@@ -125,8 +125,34 @@ def test_hf_dir_is_recorded_by_path_not_copied(tmp_path):
                                                 "target.num_hidden_layers=30"]), store)
     conf = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**conf, "rms_norm_eps": 1e-3}))
-    with pytest.raises(ValueError, match="changed since target"):
+    with pytest.raises(ArtifactError, match="changed since target"):
         artifacts.target_dir(store, m.id)
+
+
+def test_hf_dir_target_id_is_the_sha256_of_its_bytes_hashed_once_per_file_version(tmp_path):
+    """Finding 4: a flipped byte of the weights (same size, same names) gives the target a new id, and the
+    recorded target refuses the changed directory; unchanged files are not hashed again."""
+    d = hf_dir(tmp_path)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    cfg = load_config("configs/tiny.yaml", ["target.source=hf_dir", f"target.path={d}"])
+    m = T.run(cfg, store)
+    assert m.meta["files_sha256"]["model.safetensors"] == sha256_file(d / "model.safetensors")
+    assert artifacts.target_artifact_id(cfg) == m.id
+    weights = d / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    assert artifacts.target_artifact_id(cfg) != m.id
+    with pytest.raises(ArtifactError, match=r"model\.safetensors changed since target"):
+        artifacts.target_dir(store, m.id)
+    assert T.run(cfg, store).id == artifacts.target_artifact_id(cfg)
+    # the cache is keyed by (path, size, mtime_ns): bytes changed behind a restored mtime are not re-read
+    st = weights.stat()
+    before = artifacts.target_artifact_id(cfg)
+    data[0] ^= 0x01
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert artifacts.target_artifact_id(cfg) == before
 
 
 def test_hf_dir_refuses_pickle_weights(tmp_path):
