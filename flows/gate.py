@@ -23,6 +23,7 @@ from prefect.context import get_run_context
 from prefect.transactions import Transaction, get_transaction, transaction
 
 from steps.config import find_config, load_config
+from steps.secrets import redact_text
 from steps.store import ArtifactError, open_store, store_uri_for
 
 
@@ -98,8 +99,8 @@ def rollback_flow(flow_run_id: str, reason: str = "") -> dict[str, Any]:
     else:
         action = f"nothing to roll back: production ({(production or {}).get('id')}) was not moved by this run"
     logger.info("%s (failed run %s: %s)", action, failed.name, reason)
-    create_markdown_artifact(f"# Rollback after `{failed.name}`\n\nreason: {reason or 'n/a'}\n\n{action}\n",
-                             description="eaglenest safety-net rollback")
+    report = f"# Rollback after `{failed.name}`\n\nreason: {reason or 'n/a'}\n\n{action}\n"
+    create_markdown_artifact(redact_text(report), description="eaglenest safety-net rollback")
     return {"failed_run": str(failed.id), "action": action}
 
 

@@ -22,6 +22,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from steps.secrets import redact, redact_text
+
 #: headline metrics shown per step in the table (the rest stays in the manifest).
 HEADLINE = ("ok", "tokens", "tokens_per_s", "coverage", "steps", "final_loss", "tau",
             "speedup", "smoke_tau", "attempts", "verdict")
@@ -53,7 +55,7 @@ def metrics_table(records: dict[str, dict[str, Any]], config_name: str) -> None:
              **{k: _fmt(r["metrics"].get(k)) for k in HEADLINE if k in r["metrics"]}}
             for name, r in records.items()]
     columns = ["step", "artifact", "seconds", *[k for k in HEADLINE if any(k in row for row in rows)]]
-    create_table_artifact([{c: row.get(c, "") for c in columns} for row in rows],
+    create_table_artifact(redact([{c: row.get(c, "") for c in columns} for row in rows]),
                           key=artifact_key("metrics", config_name),
                           description=f"eagle3-pipeline {config_name}: one row per step")
 
@@ -134,5 +136,5 @@ def _cell(text: str) -> str:
 
 
 def publish_report(config_name: str, markdown: str) -> None:
-    create_markdown_artifact(markdown, key=artifact_key("report", config_name),
+    create_markdown_artifact(redact_text(markdown), key=artifact_key("report", config_name),
                              description="lineage, gate decision, diagnosis and benchmark of this run")

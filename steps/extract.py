@@ -28,11 +28,9 @@ GPU are extracted with `extract.backend=sglang` from tensor-parallel SGLang serv
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +41,7 @@ from steps import distributed, layers
 from steps.artifacts import load_target, read_conversations, target_config
 from steps.checks.disk import check_disk_budget
 from steps.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
+from steps.launch import get_json, post_json
 from steps.registry import step_main
 from steps.shards import bytes_per_token, shard_bytes_bound, write_shard
 from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
@@ -50,8 +49,9 @@ from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact
 log = logging.getLogger("eaglenest.extract")
 
 #: extract fields that change no byte of the output: the same shards are reused whatever the
-#: budget, or wherever the server runs (a resumed run may raise the budget and keep its shards).
-NOT_IN_ID = ("disk_budget", "server_url")
+#: budget, or wherever the servers run (a resumed run may raise the budget and keep its shards; a
+#: moved server does not restart extraction, and a URL's credentials never reach the id).
+NOT_IN_ID = ("disk_budget", "server_url", "final_server_url")
 SHARD_PATH = "shards/shard-{:05d}.safetensors"
 
 
@@ -277,14 +277,10 @@ class SGLangBackend:
         return result
 
     def _get(self, url: str) -> dict[str, Any]:
-        with urllib.request.urlopen(url, timeout=self.timeout_s) as r:
-            return json.loads(r.read())
+        return get_json(url, self.timeout_s)
 
     def _post(self, url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-            out = json.loads(r.read())
+        out = post_json(url, body, self.timeout_s)
         return out if isinstance(out, list) else [out]
 
 

@@ -179,22 +179,25 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def _one_line(err: BaseException) -> str:
-    """The problem and its fix, on one line."""
+    """The problem and its fix, on one line (URLs without their credentials)."""
     from steps.config import ConfigError
+    from steps.secrets import redact_text
     from steps.store import ArtifactError
 
     if isinstance(err, UsageError):
-        return str(err)
+        return redact_text(str(err))
     if isinstance(err, ConfigError):
         fix = "--config takes a name in configs/ or a YAML path; --set SECTION.FIELD=VALUE"
     elif isinstance(err, ArtifactError | FileNotFoundError):
         fix = "check the ids (each step prints the id it wrote; --json) and that --store is the store they are in"
+    elif isinstance(err, ConnectionError | TimeoutError):
+        fix = "check that the server or endpoint is up and its URL"
     elif isinstance(err, OSError):
         fix = "check the path and its permissions"
     else:
         fix = "fix the file it names"
     text = " ".join(str(err).split())  # a multi-line message (YAML marks) becomes the one line
-    return f"{text} — {fix}"
+    return redact_text(f"{text} — {fix}")
 
 
 def _open_store(explicit: str | None, configured: str) -> Any:
@@ -267,6 +270,9 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
     args = parser_for(step).parse_args(sys.argv[1:] if argv is None else argv)
     # steps log their progress (rounds, losses) with `logging`: to stderr, so stdout is only the result
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from steps.secrets import install_log_redaction
+
+    install_log_redaction()   # a server URL's user-info or token never reaches a log line
     try:
         return _run(step, args)
     except _expected_errors() as err:

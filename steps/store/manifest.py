@@ -7,6 +7,7 @@ import json
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
+from steps.secrets import redact
 from steps.store.ids import ArtifactError, canonical_json
 
 MANIFEST = "manifest.json"
@@ -32,13 +33,17 @@ class Manifest:
     created: str = ""
     code_version: str = ""
 
+    def _stored(self) -> dict[str, Any]:
+        """Every field as stored: URLs without credentials (steps/secrets.py), whatever a step put in."""
+        return redact(dict(self.__dict__))
+
     def checksum(self) -> str:
-        """sha256 of the canonical JSON of every field: what `manifest_sha256` holds."""
-        return hashlib.sha256(canonical_json(self.__dict__).encode()).hexdigest()
+        """sha256 of the canonical JSON of every field as stored: what `manifest_sha256` holds."""
+        return hashlib.sha256(canonical_json(self._stored()).encode()).hexdigest()
 
     def to_json(self) -> str:
         """The stored form, with `manifest_sha256` over the rest, so an edited manifest is caught."""
-        return json.dumps({**self.__dict__, "manifest_sha256": self.checksum()}, indent=2, sort_keys=True,
+        return json.dumps({**self._stored(), "manifest_sha256": self.checksum()}, indent=2, sort_keys=True,
                           default=str)
 
     @classmethod

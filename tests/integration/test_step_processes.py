@@ -1,9 +1,14 @@
-"""Two real step processes making the same artifact at once (issue 11, findings 1 and 2).
+"""Real step processes against a store (issue 11): concurrent writers of one id, and secrets.
 
+Findings 1 and 2, two real step processes making the same artifact at once:
 Two `python -m steps.extract` and then two `python -m steps.train` on the same inputs, started together,
 on a file:// store and on the moto S3 server (`s3_endpoint`): both exit 0 with the same id, the store
 holds one artifact whose every file matches its manifest's sha256, the shards are the planned ones (none
 lost, none twice), nothing is left in staging, and `train_log.jsonl` holds each step once, in order.
+
+Finding 6: a server URL's user-info and tokens reach no manifest, log line or error, and where a server
+lives is not part of the hidden id.
+
 The tiny target (a seeded 64-wide Llama) and its config are built once for the module.
 """
 
@@ -23,7 +28,7 @@ from steps import mapping, target
 from steps.artifacts import DRAFT_LOG_FILE
 from steps.config import load_config
 from steps.store import Store, open_store
-from tests.builders import put_token_dataset, tiny_target_dir
+from tests.builders import free_port, put_token_dataset, tiny_target_dir
 from tests.conftest import S3_BUCKET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,3 +98,42 @@ def test_two_extracts_and_two_trainings_at_once_on_a_file_store(config_path: Pat
 def test_two_extracts_and_two_trainings_at_once_on_s3(config_path: Path, tmp_path: Path, s3_endpoint: str):
     store = open_store(f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", cache_dir=tmp_path / "cache", endpoint_url=s3_endpoint)
     _race(config_path, store, {**os.environ, "EAGLENEST_S3_ENDPOINT_URL": s3_endpoint})
+
+
+SECRET = "S3CRET-do-not-log"
+
+
+def test_server_credentials_reach_no_manifest_log_or_error_and_no_id(config_path: Path, tmp_path: Path):
+    store = open_store(f"file://{tmp_path}/store", cache_dir=tmp_path / "cache")
+    cfg = load_config(config_path)
+    target.run(cfg, store)
+    put_token_dataset(store, vocab_size=VOCAB, num_rows=12, dataset_id=DATASET_ID)
+    dead = f"127.0.0.1:{free_port()}"
+    urls = [f"extract.server_url=http://admin:{SECRET}@{dead}/",
+            f"extract.final_server_url=http://{dead}/x?token={SECRET}&a=1"]
+    env = {**os.environ, "EAGLENEST_CACHE": str(tmp_path / "cache")}
+
+    def step(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "steps.extract", "--config", str(config_path), "--store",
+                               store.uri, "--dataset", DATASET_ID, "--json", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    plain = step()
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    # the URLs are recorded without credentials, and do not change the id (a moved server reuses the shards)
+    with_urls = step(*[a for u in urls for a in ("--set", u)])
+    assert with_urls.returncode == 0, with_urls.stderr[-3000:]
+    hidden = json.loads(plain.stdout.splitlines()[-1])["id"]
+    assert json.loads(with_urls.stdout.splitlines()[-1])["id"] == hidden
+    # the sglang backend against the dead servers: one line naming the server, without its credentials
+    failed = step("--set", "extract.backend=sglang", "--set", "extract.shard_tokens=300",
+                  *[a for u in urls for a in ("--set", u)])
+    assert failed.returncode == 2 and len(failed.stderr.strip().splitlines()) == 1, failed.stderr[-3000:]
+    assert dead in failed.stderr
+    m = store.manifest("hidden", hidden)
+    assert m.config["server_url"] is None     # the first writer's; the one with URLs reused it
+    for proc in (plain, with_urls, failed):
+        assert SECRET not in proc.stdout + proc.stderr
+    leaks = [p for root in (tmp_path / "store", tmp_path / "cache") for p in root.rglob("*")
+             if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert leaks == []
