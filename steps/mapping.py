@@ -25,6 +25,7 @@ from torch import Tensor
 
 from steps.artifacts import VOCAB_FILE, read_conversations, target_config
 from steps.checks.vocab import validate_vocab
+from steps.config import resolve_draft_vocab_size
 from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id
 
@@ -96,8 +97,9 @@ def run(cfg, store: Store, dataset_id: str, target_id: str) -> Manifest:
     if store.exists("vocab", art_id):
         return store.manifest("vocab", art_id)
     target_vocab = int(target_config(store, target_id)["vocab_size"])
+    draft_vocab = resolve_draft_vocab_size(cfg, target_vocab, f"target {target_id} config.json")
     counts = count_assistant_tokens(read_conversations(store, dataset_id))
-    d2t, t2d = build_vocab(counts, target_vocab, cfg.mapping.draft_vocab_size)
+    d2t, t2d = build_vocab(counts, target_vocab, draft_vocab)
     validate_vocab(d2t, t2d, target_vocab)
     writer = store.begin("vocab", art_id, step="mapping", inputs=inputs, config=cfg.mapping)
     save_file({"d2t": d2t, "t2d": t2d}, str(writer.path(VOCAB_FILE)))

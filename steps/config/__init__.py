@@ -8,7 +8,12 @@
 Callers import from `steps.config`.
 """
 
-from steps.config.derive import resolve_aux_layer_ids, resolve_draft_shape, resolve_max_position_embeddings
+from steps.config.derive import (
+    resolve_aux_layer_ids,
+    resolve_draft_shape,
+    resolve_draft_vocab_size,
+    resolve_max_position_embeddings,
+)
 from steps.config.load import (
     CONFIGS_DIR,
     apply_overrides,
@@ -70,6 +75,7 @@ __all__ = [
     "parse_size",
     "resolve_aux_layer_ids",
     "resolve_draft_shape",
+    "resolve_draft_vocab_size",
     "resolve_max_position_embeddings",
     "section_hash",
 ]

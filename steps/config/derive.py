@@ -23,6 +23,15 @@ def resolve_aux_layer_ids(cfg: PipelineConfig, num_hidden_layers: int) -> list[i
     return ids
 
 
+def resolve_draft_vocab_size(cfg: PipelineConfig, target_vocab: int, where: str) -> int:
+    """`mapping.draft_vocab_size`, refused when the target (its config.json at `where`) has fewer tokens."""
+    size = cfg.mapping.draft_vocab_size
+    if size > target_vocab:
+        raise ConfigError(f"mapping.draft_vocab_size={size} exceeds the target's vocab_size={target_vocab} "
+                          f"({where}); set mapping.draft_vocab_size to at most {target_vocab}")
+    return size
+
+
 def resolve_draft_shape(cfg: PipelineConfig, target_config: dict[str, Any]) -> dict[str, int]:
     """The draft decoder layer's shape: configured values, else the target's."""
     d = cfg.train.draft

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steps.layers import check_capturable
 
@@ -35,6 +35,15 @@ def parse_size(value: int | str) -> int:
     return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
 
 
+#: bounds every numeric field carries (pydantic names the field and the bound when one is broken): a
+#: count of things is at least 1, a rate or a temperature is not negative, a fraction lies in [0, 1].
+Count = Annotated[int, Field(ge=1)]
+Natural = Annotated[int, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -43,16 +52,16 @@ class Section(BaseModel):
 
 class TinyTarget(Section):
     """A seeded Llama-style model with a tokenizer trained on local text (fast tests)."""
-    vocab_size: int = 2048
-    hidden_size: int = 128
-    intermediate_size: int = 344
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 2048
+    vocab_size: Count = 2048
+    hidden_size: Count = 128
+    intermediate_size: Count = 344
+    num_hidden_layers: Count = 4
+    num_attention_heads: Count = 4
+    num_key_value_heads: Count = 2
+    max_position_embeddings: Count = 2048
     #: steps of next-token training on local text so the tiny target is a (weak) language model,
     #: not noise: a draft cannot learn to imitate a random target.
-    pretrain_steps: int = 300
+    pretrain_steps: Natural = 300
 
 
 class TargetConfig(Section):
@@ -68,14 +77,14 @@ class TargetConfig(Section):
     trust_remote_code: bool = False
     #: declared shape, for configs of targets that cannot be loaded here (checked against the
     #: real config.json when the target is loaded).
-    num_hidden_layers: int | None = None
-    hidden_size: int | None = None
-    vocab_size: int | None = None
+    num_hidden_layers: Count | None = None
+    hidden_size: Count | None = None
+    vocab_size: Count | None = None
     #: the serving context length; the draft's `max_position_embeddings` is set from it (F5).
-    context_length: int | None = None
+    context_length: Count | None = None
     #: quantization of the served target (e.g. `fp8`); the draft stays unquantized.
     quantization: str | None = None
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: Count = 1
 
     @model_validator(mode="after")
     def _path_for_hf_dir(self) -> TargetConfig:
@@ -98,7 +107,7 @@ class PromptSource(Section):
     #: builtin sources ship in packages (offline); `file` is JSONL/parquet/a saved `datasets` dir.
     kind: Literal["sharegpt", "humaneval", "stdlib", "mtbench", "file"]
     path: str | None = None
-    limit: int | None = None
+    limit: Count | None = None
 
     @model_validator(mode="after")
     def _path_for_file(self) -> PromptSource:
@@ -111,7 +120,7 @@ class DatasetConfig(Section):
     #: training prompts; MT-bench is held out for evaluation and refused here.
     sources: list[PromptSource] = [PromptSource(kind="sharegpt"), PromptSource(kind="stdlib")]
     #: total prompt cap after mixing (None: all).
-    max_prompts: int | None = None
+    max_prompts: Count | None = None
     #: MT-bench categories held out for evaluation (all of MT-bench by default).
     eval_categories: list[str] | None = None
 
@@ -127,13 +136,13 @@ class DatagenConfig(Section):
     #: `local`: generate in-process with the target; `openai`: any OpenAI-compatible server.
     backend: Literal["local", "openai"] = "local"
     server_url: str | None = None
-    concurrency: int = 8
-    max_new_tokens: int = 256
+    concurrency: Count = 8
+    max_new_tokens: Count = 256
     #: 0 = greedy, the mode the drafter is served in (largest single lever on acceptance).
-    temperature: float = 0.0
-    batch_size: int = 8
+    temperature: NonNegative = 0.0
+    batch_size: Count = 8
     #: prompts longer than this (tokens) are skipped and counted.
-    max_prompt_tokens: int = 1024
+    max_prompt_tokens: Count = 1024
 
     @model_validator(mode="after")
     def _url_for_openai(self) -> DatagenConfig:
@@ -153,21 +162,25 @@ class ExtractConfig(Section):
     #: an SGLang server started with --enable-return-hidden-states (post-norm final rows): SGLang's
     #: aux response has no final hidden state and the last layer cannot be an aux layer.
     final_server_url: str | None = None
-    #: internal convention (HF hidden_states index); None → [2, N//2, N-3].
+    #: internal convention (HF hidden_states index); None → [2, N//2, N-3]. Range-checked (1 ≤ id ≤ N-1)
+    #: against the declared or the real depth (steps/config/derive.py).
     aux_layer_ids: list[int] | None = None
     #: peak local bytes for shards awaiting upload (F8).
     disk_budget: int | str = "2GB"
     storage_dtype: Literal["bfloat16", "float8_e4m3fn"] = "bfloat16"
     #: sequences per forward pass.
-    batch_size: int = 4
+    batch_size: Count = 4
     #: tokens per shard (a shard holds whole sequences).
-    shard_tokens: int = 32768
-    max_length: int = 2048
+    shard_tokens: Count = 32768
+    max_length: Annotated[int, Field(ge=2)] = 2048
 
     @field_validator("disk_budget")
     @classmethod
     def _size(cls, v: int | str) -> int:
-        return parse_size(v)
+        size = parse_size(v)
+        if size <= 0:
+            raise ValueError("must be a positive size (bytes or 500MB, 2GiB, 1.8TB)")
+        return size
 
     @model_validator(mode="after")
     def _urls_for_sglang(self) -> ExtractConfig:
@@ -183,36 +196,37 @@ class ExtractConfig(Section):
 
 class MappingConfig(Section):
     #: rows of the draft lm_head; the top-K target ids by frequency over loss-masked tokens.
-    draft_vocab_size: int = 8192
+    draft_vocab_size: Count = 8192
 
 
 # --- train ----------------------------------------------------------------------------------------
 
 class DraftShape(Section):
     """Draft decoder-layer shape; unset fields are taken from the target."""
-    intermediate_size: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
+    intermediate_size: Count | None = None
+    num_attention_heads: Count | None = None
+    num_key_value_heads: Count | None = None
+    head_dim: Count | None = None
 
 
 class TrainConfig(Section):
     draft: DraftShape = DraftShape()
     #: training-time-test unroll; step i is weighted step_decay**i.
-    ttt_steps: int = 7
-    step_decay: float = 0.8
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    epochs: float = 1.0
-    #: None: no cap beyond epochs.
-    max_steps: int | None = None
+    ttt_steps: Count = 7
+    step_decay: Annotated[float, Field(gt=0, le=1)] = 0.8
+    lr: Positive = 3e-4
+    min_lr_ratio: Fraction = 0.1
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    weight_decay: NonNegative = 0.0
+    grad_clip: Positive = 0.5
+    epochs: Positive = 1.0
+    #: None: no cap beyond epochs; 0: the untrained control.
+    max_steps: Natural | None = None
     #: tokens per optimizer step (sequences are packed up to max_length).
-    batch_tokens: int = 4096
-    max_length: int = 2048
-    checkpoint_every: int = 200
+    batch_tokens: Count = 4096
+    max_length: Annotated[int, Field(ge=2)] = 2048
+    #: 0: no checkpoints.
+    checkpoint_every: Natural = 200
     #: auto: bf16 on CUDA, fp32 on CPU (bf16 autocast is ~20x slower on an AVX2 CPU).
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -223,7 +237,7 @@ class TrainConfig(Section):
     #: parameters up (a 7168-wide draft with a 32k vocab, ~1B), ddp below (an 8B-shaped draft, ~0.4B).
     #: Not part of the draft's id: the loss curve is the same at any world size.
     parallel: Literal["auto", "ddp", "fsdp"] = "auto"
-    fsdp_min_params: int = 600_000_000
+    fsdp_min_params: Natural = 600_000_000
 
     @field_validator("cache_budget")
     @classmethod
@@ -238,9 +252,9 @@ class ExportConfig(Section):
 
 class VerifyConfig(Section):
     #: chain drafting steps (τ ≤ num_steps + 1).
-    num_steps: int = 4
-    num_prompts: int = 20
-    max_new_tokens: int = 128
+    num_steps: Count = 4
+    num_prompts: Count = 20
+    max_new_tokens: Count = 128
     #: MT-bench categories to evaluate on (None: all).
     categories: list[str] | None = None
 
@@ -248,46 +262,46 @@ class VerifyConfig(Section):
 class ServeConfig(Section):
     engine: Literal["sglang", "reference"] = "reference"
     host: str = "127.0.0.1"
-    port: int = 30000
-    num_steps: int = 3
-    eagle_topk: int = 1
-    num_draft_tokens: int = 4
-    cuda_graph_max_bs: int = 32
-    startup_timeout_s: float = 600.0
+    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    num_steps: Count = 3
+    eagle_topk: Count = 1
+    num_draft_tokens: Count = 4
+    cuda_graph_max_bs: Count = 32
+    startup_timeout_s: Positive = 600.0
 
 
 class BenchmarkConfig(Section):
     """Live measurement against served engines (baseline without a draft vs speculative)."""
     #: concurrent requests; 1 = latency-bound decoding, where speculative decoding pays most.
-    batch_sizes: list[int] = [1, 4]
+    batch_sizes: Annotated[list[Count], Field(min_length=1)] = [1, 4]
     #: 0 = greedy; >0 works on SGLang only (the reference engine serves greedy).
-    temperatures: list[float] = [0.0]
+    temperatures: Annotated[list[NonNegative], Field(min_length=1)] = [0.0]
     #: HumanEval stubs added to verify's held-out MT-bench prompts.
-    num_code_prompts: int = 4
-    max_new_tokens: int = 128
+    num_code_prompts: Natural = 4
+    max_new_tokens: Count = 128
     #: fixed output lengths make tokens/s comparable between baseline and speculative.
     ignore_eos: bool = True
     #: prompts streamed through /v1/completions for TTFT and inter-token latency.
-    stream_prompts: int = 4
+    stream_prompts: Natural = 4
 
 
 class GateConfig(Section):
     """When a benchmarked drafter may replace the one in production (the `production` alias)."""
     #: live acceptance length the drafter must reach; EAGLE-3 on a real 8B target serves τ ≈ 3–4.
-    min_tau: float = 2.0
+    min_tau: NonNegative = 2.0
     #: speculative / baseline tokens/s at the headline setting (greedy, first batch size).
-    min_speedup: float = 1.0
+    min_speedup: NonNegative = 1.0
     #: no benchmark set (temperature × batch size) may lose more than this fraction of the champion's
     #: τ or speedup.
-    max_regression: float = 0.02
+    max_regression: Fraction = 0.02
     #: τ at or below this is "zero acceptance" (every draft rejected: τ = 1 counts only the bonus token):
     #: the gate runs the doctor instead of just refusing.
-    zero_acceptance_tau: float = 1.1
+    zero_acceptance_tau: NonNegative = 1.1
 
 
 class PipelineConfig(Section):
     name: str
-    seed: int = 0
+    seed: Natural = 0
     #: default store; the EAGLENEST_STORE environment variable or --store overrides it.
     store: str = "file://out/store"
     target: TargetConfig

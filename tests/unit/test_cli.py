@@ -135,3 +135,29 @@ def test_the_console_script_dispatches_steps_tools_and_flows_without_steps_impor
     out = subprocess.run([sys.executable, "-m", "flows.cli", "--version"], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert out.stdout.strip() == f"eaglenest {version()}"
+
+
+@pytest.mark.parametrize(("override", "field", "bound"), [
+    ("train.epochs=-2", "train.epochs", "greater than 0"),
+    ("verify.num_prompts=0", "verify.num_prompts", "greater than or equal to 1"),
+    ("extract.batch_size=0", "extract.batch_size", "greater than or equal to 1"),
+    ("train.ttt_steps=0", "train.ttt_steps", "greater than or equal to 1"),
+    ("train.lr=-1", "train.lr", "greater than 0"),
+    ("verify.num_steps=0", "verify.num_steps", "greater than or equal to 1"),
+    ("serve.port=70000", "serve.port", "less than or equal to 65535"),
+    ("extract.disk_budget=0", "extract.disk_budget", "positive size"),
+])
+def test_each_bad_number_is_one_line_naming_the_field_and_its_range(world, capsys, override, field, bound):
+    """Issue 11, finding 8: before any work, whatever the step."""
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "d0", "--target", "t0"]
+    assert step_main("mapping", [*argv, "--set", override]) == 2
+    line = _one_error_line(capsys)
+    assert field in line and bound in line, line
+    assert world["store"].list("vocab") == []
+
+
+def test_a_draft_vocab_larger_than_the_targets_is_one_line_once_the_target_is_known(world, capsys):
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "d0", "--target", "t0"]
+    assert step_main("mapping", [*argv, "--set", "mapping.draft_vocab_size=100"]) == 2
+    line = _one_error_line(capsys)
+    assert "mapping.draft_vocab_size=100 exceeds the target's vocab_size=64" in line and "at most 64" in line

@@ -12,6 +12,7 @@ from steps.config import (
     CONFIGS_DIR,
     ConfigError,
     PipelineConfig,
+    apply_overrides,
     default_aux_layer_ids,
     find_config,
     load_config,
@@ -331,3 +332,58 @@ def test_section_hash_changes_with_any_value():
     assert section_hash(base.train) != section_hash(changed.train)
     assert section_hash(base.extract) == section_hash(changed.extract)  # per section
     assert section_hash({"x": 1}) != section_hash({"x": 1.5})
+
+
+
+def _base(ann):
+    """The type under Optional[...] and Annotated[...]."""
+    import types
+    import typing
+
+    while True:
+        origin = typing.get_origin(ann)
+        if origin is typing.Annotated:
+            ann = typing.get_args(ann)[0]
+        elif origin in (typing.Union, types.UnionType):
+            ann = next(a for a in typing.get_args(ann) if a is not type(None))
+        else:
+            return ann
+
+
+def _numeric_fields(model: type, prefix: str = ""):
+    """(dotted name, is a list) of every int/float field of the schema, sub-sections included."""
+    import typing
+
+    from pydantic import BaseModel
+
+    for name, info in model.model_fields.items():
+        ann = _base(info.annotation)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from _numeric_fields(ann, f"{prefix}{name}.")
+        elif typing.get_origin(ann) is list and _base(typing.get_args(ann)[0]) in (int, float):
+            yield f"{prefix}{name}", True
+        elif ann in (int, float):
+            yield f"{prefix}{name}", False
+
+
+NUMERIC = sorted(_numeric_fields(PipelineConfig))
+
+
+def test_the_schema_has_numeric_fields_to_bound():
+    assert len(NUMERIC) > 50 and ("train.epochs", False) in NUMERIC and ("benchmark.batch_sizes", True) in NUMERIC
+
+
+@pytest.mark.parametrize(("name", "is_list"), [f for f in NUMERIC if f[0] != "extract.aux_layer_ids"])
+def test_every_numeric_field_refuses_a_negative_number_naming_itself(name: str, is_list: bool):
+    """Issue 11, finding 8: each int/float of the schema carries bounds (a huge negative is out of every
+    range); the aux layer ids are checked against the target's depth instead (test_bad_aux_id_lists_are_refused)."""
+    value = "[-1000000000]" if is_list else "-1000000000"
+    with pytest.raises(ConfigError) as e:
+        parse_config(apply_overrides(minimal(), [f"{name}={value}"], "<test>"))
+    msg, where = str(e.value), f"  - {name}{'.0' if is_list else ''}: "
+    assert where in msg and ("Input should be" in msg or "size" in msg), msg   # sizes: parse_size's words
+
+
+def test_a_dataset_source_limit_is_bounded_too():
+    with pytest.raises(ConfigError, match=r"dataset\.sources\.0\.limit: Input should be greater than or equal to 1"):
+        parse_config(minimal(dataset={"sources": [{"kind": "stdlib", "limit": 0}]}))
