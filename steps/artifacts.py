@@ -169,8 +169,9 @@ def export_dir(store: Store, export_id: str, engine: str) -> Path:
     """A verified local directory of one engine's export (`sglang` or `vllm`)."""
     m = store.manifest("export", export_id)
     if engine not in m.meta.get("engines", {}):
-        raise KeyError(f"export {export_id} has no {engine!r} directory; it holds {sorted(m.meta.get('engines', {}))} "
-                       "(set export.engines to include it and re-run export)")
+        raise ArtifactError(f"export {export_id} has no {engine!r} directory; it holds "
+                            f"{sorted(m.meta.get('engines', {}))} (set export.engines to include {engine!r} and "
+                            "re-run export)")
     return store.fetch("export", export_id) / engine
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from steps.checks.diagnose import diagnose
 from steps.checks.finding import Finding
+from steps.config import InputError
 
 
 def report(findings: list[Finding]) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         findings = diagnose(args.path, target=args.target, server=args.server, context_length=args.context_length,
                             trained_layer_ids=trained, serve_record=record)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, InputError) as err:      # a missing or corrupt file: named, one line
         print(f"eaglenest doctor: {err}", file=sys.stderr)
         return 2
     out = report(findings)

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from steps.config import DatasetConfig, PipelineConfig, PromptSource
+from steps.config import DatasetConfig, InputError, PipelineConfig, PromptSource
 from steps.store import content_sha256, open_store
 
 #: data files inside the installed packages (located with find_spec; the packages are not imported).
@@ -186,8 +186,8 @@ FILE_FORMAT_HELP = ('each row needs "messages": [{"role": "user", "content": "..
                     'or ShareGPT "conversations": [{"from": "human", "value": "..."}]')
 
 
-def _row_error(where: str, field: str, problem: str) -> ValueError:
-    return ValueError(f"{where}: field {field!r}: {problem}; {FILE_FORMAT_HELP}")
+def _row_error(where: str, field: str, problem: str) -> InputError:
+    return InputError(f"{where}: field {field!r}: {problem}; {FILE_FORMAT_HELP}")
 
 
 def _turns_from_row(row: Any, where: str) -> list[dict[str, str]]:
@@ -233,14 +233,19 @@ def prompt_from_row(row: Any, where: str, default_id: str, source: str = "file")
 
 
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:        # bytes: a bad encoding is named with its line, not the whole file
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(f"{path}:{lineno}: not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
+                                 "save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
                 yield f"{path}:{lineno}", json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno}); "
+                raise InputError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno}); "
                                  f"a JSONL file holds one JSON object per line") from None
 
 
@@ -251,7 +256,7 @@ def _table_rows(path: Path) -> Iterable[tuple[str, Any]]:
         ds = datasets.load_from_disk(str(path))
         if isinstance(ds, datasets.DatasetDict):
             if "train" not in ds:
-                raise ValueError(f"{path}: a DatasetDict without a 'train' split (has {list(ds)}); "
+                raise InputError(f"{path}: a DatasetDict without a 'train' split (has {list(ds)}); "
                                  "save the split to use with Dataset.save_to_disk")
             ds = ds["train"]
         rows: Iterable[Any] = ds
@@ -273,11 +278,11 @@ def load_file(path: str | Path) -> list[dict[str, Any]]:
     elif path.suffix in (".jsonl", ".json"):
         rows = _jsonl_rows(path)
     else:
-        raise ValueError(f"{path}: unknown dataset format {path.suffix!r}; use .jsonl, .parquet "
+        raise InputError(f"{path}: unknown dataset format {path.suffix!r}; use .jsonl, .parquet "
                          "or a directory written by datasets' save_to_disk")
     out = [prompt_from_row(row, where, f"{path.stem}-{i}") for i, (where, row) in enumerate(rows, start=1)]
     if not out:
-        raise ValueError(f"{path}: no rows; a dataset needs at least one prompt")
+        raise InputError(f"{path}: no rows; a dataset needs at least one prompt")
     return out
 
 
@@ -294,7 +299,7 @@ def dataset_file(path: str) -> Path:
         return Path(path)
     root, top, name, file_name = ([""] * 4 + path.rsplit("/", 3))[-4:]
     if top != "datasets" or not root or not name or not file_name:
-        raise ValueError(f"{path}: a dataset URI must name an object <store>/datasets/<name>/<file> "
+        raise InputError(f"{path}: a dataset URI must name an object <store>/datasets/<name>/<file> "
                          "(dataset.sources[].path); upload one with `eaglenest dataset upload FILE --name NAME`")
     return open_store(root).fetch_object(f"datasets/{name}/{file_name}")
 

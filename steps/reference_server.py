@@ -154,8 +154,20 @@ class Backend:
 
     # one request -------------------------------------------------------------------------------------
 
+    def check_ids(self, input_ids: list[int]) -> None:
+        """Refuse (400) a token id outside the target's vocab: the embedding lookup would crash the handler
+        and the client would get an empty reply instead of the reason."""
+        vocab = int(self.engine.target.config.vocab_size)
+        bad = next((i for i in input_ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise RequestError(f"input_ids holds token id {bad}, outside the target's vocab [0, {vocab}); "
+                               "tokenize with this model's tokenizer")
+        if not input_ids:
+            raise RequestError("input_ids is empty; send at least one token")
+
     def generate(self, input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
         """One /generate request -> SGLang's response object (text, output_ids, meta_info)."""
+        self.check_ids(input_ids)
         max_new, eos = sampling(params, self.eos)
         t0 = time.perf_counter()
         with self.lock:
@@ -167,7 +179,8 @@ class Backend:
         return self.response(input_ids, out, stats, time.perf_counter() - t0, eos)
 
     def stream(self, input_ids: list[int], params: dict[str, Any]) -> Iterator[list[int]]:
-        """The same generation, yielding the tokens of each target forward as it finishes."""
+        """The same generation, yielding the tokens of each target forward as it finishes (the caller checks
+        the ids and the sampling parameters before its 200 goes out)."""
         max_new, eos = sampling(params, self.eos)
         with self.lock:
             yield from (stream_speculative if self.speculative else stream_plain)(self, input_ids, max_new, eos)
@@ -338,6 +351,7 @@ class Handler(BaseHTTPRequestHandler):
                                    "choices": [{"index": 0, "text": r["text"], "logprobs": None,
                                                 "finish_reason": r["meta_info"]["finish_reason"]["type"]}]})
         sampling(params, b.eos)                       # refuse before the 200 goes out
+        b.check_ids(ids)
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")

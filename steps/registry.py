@@ -172,10 +172,21 @@ class UsageError(Exception):
 def _expected_errors() -> tuple[type[BaseException], ...]:
     import yaml
 
-    from steps.config import ConfigError
+    from steps.config import ConfigError, InputError
     from steps.store import ArtifactError
 
-    return (UsageError, ConfigError, ArtifactError, OSError, json.JSONDecodeError, yaml.YAMLError)
+    return (UsageError, ConfigError, InputError, ArtifactError, OSError, json.JSONDecodeError, yaml.YAMLError,
+            *_s3_errors())
+
+
+def _s3_errors() -> tuple[type[BaseException], ...]:
+    """botocore's errors of a store that cannot be reached or refuses us (only when boto3 is loaded: a
+    file:// run never imports it)."""
+    if "botocore" not in sys.modules:
+        return ()
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    return (EndpointConnectionError, NoCredentialsError, ClientError)
 
 
 def _one_line(err: BaseException) -> str:
@@ -190,8 +201,11 @@ def _one_line(err: BaseException) -> str:
         fix = "--config takes a name in configs/ or a YAML path; --set SECTION.FIELD=VALUE"
     elif isinstance(err, ArtifactError | FileNotFoundError):
         fix = "check the ids (each step prints the id it wrote; --json) and that --store is the store they are in"
-    elif isinstance(err, ConnectionError | TimeoutError):
-        fix = "check that the server or endpoint is up and its URL"
+    elif isinstance(err, ConnectionError | TimeoutError) or type(err).__name__ == "EndpointConnectionError":
+        fix = ("check that the server or endpoint is up and its URL (an S3 store's: EAGLENEST_S3_ENDPOINT_URL "
+               "or AWS_ENDPOINT_URL)")
+    elif type(err).__name__ in ("NoCredentialsError", "ClientError"):
+        fix = "check the S3 credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the bucket and its permissions"
     elif isinstance(err, OSError):
         fix = "check the path and its permissions"
     else:

@@ -78,8 +78,8 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
     verify_id = artifact_id("verify", {**section, "metrics_schema": METRICS_SCHEMA}, inputs)
     if store.exists("verify", verify_id):
         return store.manifest("verify", verify_id)
+    sglang_dir = export_dir(store, export_id, "sglang")       # a vLLM-only export: refused before any loading
     target, tokenizer = load_target(store, target_id)
-    sglang_dir = export_dir(store, export_id, "sglang")
     draft, load_report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
     engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir),
                     num_steps=cfg.verify.num_steps)

@@ -91,7 +91,7 @@ def read_checkpoint(path: str | Path, trained_layer_ids: list[int] | None = None
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path / name}: missing; a draft directory holds config.json and "
                                     "model.safetensors")
-    config = json.loads((path / formats.CONFIG_FILE).read_text())
+    config = formats.read_json(path / formats.CONFIG_FILE)
     tensors = tensor_meta(path / formats.WEIGHTS_FILE)
     layout = detect_layout(config, list(tensors))
     return Checkpoint(path, layout, LAYOUT_ENGINE.get(layout, "sglang"), config, tensors,
@@ -235,7 +235,7 @@ def diagnose(path: str | Path, *, target: str | Path | None = None, server: str 
     """Every check on one draft directory (and a server serving it); each Finding names its catalogue row."""
     ck = read_checkpoint(path, trained_layer_ids)
     target_dir = Path(target) if target else None
-    tcfg = json.loads((target_dir / "config.json").read_text()) if target_dir else None
+    tcfg = formats.read_json(target_dir / "config.json") if target_dir else None
     findings = [check_layout(ck)]
     if ck.layout != "unknown":
         findings += offline_checks(ck, tcfg, context_length)

@@ -8,11 +8,10 @@ F5 context, F7 config schema), the same checks serve's preflight and doctor run.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from steps.checks.algorithm import check_aux_capture_flag
 from steps.checks.config import config_findings
@@ -21,7 +20,17 @@ from steps.checks.finding import Finding
 from steps.checks.keys import key_findings
 from steps.checks.layers import layer_id_findings
 from steps.checks.vocab import vocab_findings
-from steps.formats import CONFIG_FILE, KEY_MAPS, ST_DTYPES, WEIGHTS_FILE, draft_shape, engine_key_map, layer_config
+from steps.config import InputError
+from steps.formats import (
+    CONFIG_FILE,
+    KEY_MAPS,
+    ST_DTYPES,
+    WEIGHTS_FILE,
+    draft_shape,
+    engine_key_map,
+    layer_config,
+    read_json,
+)
 
 
 class FormatError(ValueError):
@@ -29,11 +38,16 @@ class FormatError(ValueError):
 
 
 def tensor_meta(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """key → (shape, dtype name) of a safetensors file, without reading the tensors."""
-    with safe_open(str(path), "pt") as f:
-        return {k: (tuple(f.get_slice(k).get_shape()), ST_DTYPES.get(f.get_slice(k).get_dtype(),
-                                                                      f.get_slice(k).get_dtype()))
-                for k in f.keys()}
+    """key → (shape, dtype name) of a safetensors file, without reading the tensors; a truncated or corrupt
+    file is an `InputError` naming it."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: (tuple(f.get_slice(k).get_shape()), ST_DTYPES.get(f.get_slice(k).get_dtype(),
+                                                                          f.get_slice(k).get_dtype()))
+                    for k in f.keys()}
+    except SafetensorError as err:
+        raise InputError(f"{path}: not a readable safetensors file ({err}: truncated or corrupt); copy or "
+                         "export it again") from None
 
 
 def check_engine_dir(path: str | Path, engine: str, *, expect: dict[str, Any] | None = None) -> list[Finding]:
@@ -48,7 +62,7 @@ def check_engine_dir(path: str | Path, engine: str, *, expect: dict[str, Any] | 
         if not (path / name).is_file():
             return [Finding(row, "fail", f"{path}/{name}", "file missing", "re-export with steps.export")]
     where, weights_where = f"{path.name}/{CONFIG_FILE}", f"{path.name}/{WEIGHTS_FILE}"
-    config = json.loads((path / CONFIG_FILE).read_text())
+    config = read_json(path / CONFIG_FILE)
     layer = layer_config(config, engine)
     findings = config_findings(config, engine, where, expect={k: expect[k] for k in ("hidden_size",
                                "draft_vocab_size", "dtype") if k in expect})

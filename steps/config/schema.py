@@ -23,6 +23,11 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the file, the field and the fix."""
 
 
+class InputError(ValueError):
+    """A user's input that cannot be used (a dataset file, a model or draft directory): the message names
+    the file, the line or field, and the fix. Like ConfigError, an expected error: one line, exit 2."""
+
+
 def parse_size(value: int | str) -> int:
     """`"1.8TB"` / `"512MiB"` / `1000` → bytes."""
     if isinstance(value, int) and not isinstance(value, bool):

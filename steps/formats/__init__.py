@@ -32,6 +32,7 @@ from steps.formats.common import (
     EngineFormat,
     Resolution,
     expected_shapes,
+    read_json,
 )
 
 #: engine name (as `export.engines` and `--to` spell it) → its format.
@@ -106,4 +107,4 @@ def draft_shape(config: dict[str, Any], engine: str) -> DraftShape:
 __all__ = ["ARCHITECTURES", "CANONICAL_KEYS", "CONFIG_BUILDERS", "CONFIG_FILE", "DTYPES", "ENGINES", "INDEX_DTYPES",
            "KEY_MAPS", "OPTIONAL_KEYS", "RESOLVERS", "ST_DTYPES", "WEIGHTS_FILE", "DraftShape", "EngineFormat",
            "Resolution", "draft_shape", "engine_format", "engine_key_map", "engine_layer_ids", "expected_shapes",
-           "layer_config", "write_engine_dir"]
+           "layer_config", "read_json", "write_engine_dir"]

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from steps.config import InputError
+
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -125,3 +127,16 @@ class EngineFormat:
     layer_ids: Callable[[dict[str, Any]], list[int] | None]
     #: engine id = internal id + this (F4: SGLang names the output of layer k, vLLM the input).
     id_offset: int
+
+
+def read_json(path: Any) -> Any:
+    """A JSON file of a draft or model directory (config.json); a corrupt one is an `InputError` naming it."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not valid JSON ({err}); re-save it (save_pretrained, or re-run the step "
+                         "that wrote it)") from None

@@ -6,7 +6,6 @@ catalogue row can be reproduced, then shown to be caught.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from steps.formats.common import CONFIG_FILE, WEIGHTS_FILE
+from steps.formats.common import CONFIG_FILE, WEIGHTS_FILE, read_json
 from steps.formats.sglang import layer_ids, resolve
 
 
@@ -78,7 +77,7 @@ def load_sglang_draft(path: str | Path, *, target: torch.nn.Module | None = None
     from steps.draft import DraftConfig, Eagle3Draft
 
     path = Path(path)
-    config = json.loads((path / CONFIG_FILE).read_text())
+    config = read_json(path / CONFIG_FILE)
     dcfg = sglang_draft_config(config, str(path / CONFIG_FILE))
     with torch.random.fork_rng():      # params SGLang never loads stay "random", but reproducibly so
         torch.manual_seed(0)

@@ -161,3 +161,77 @@ def test_a_draft_vocab_larger_than_the_targets_is_one_line_once_the_target_is_kn
     assert step_main("mapping", [*argv, "--set", "mapping.draft_vocab_size=100"]) == 2
     line = _one_error_line(capsys)
     assert "mapping.draft_vocab_size=100 exceeds the target's vocab_size=64" in line and "at most 64" in line
+
+
+# --- finding 9: bad inputs are one line naming the file (and line), exit 2 ---------------------------
+
+def _file_source_config(world, path) -> str:
+    config = world["tmp"] / "file-source.yaml"
+    config.write_text(yaml.safe_dump({"name": "t", "target": {"source": "tiny"},
+                                      "dataset": {"sources": [{"kind": "file", "path": str(path)}]}}))
+    return str(config)
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    (b"", "empty.jsonl: no rows"),
+    (b'{"prompt": "hi"}\n{"prompt": "hi", \n', "empty.jsonl:2: not valid JSON"),
+    (b'{"prompt": "hi"}\n{"prompt": "caf\xe9"}\n', "empty.jsonl:2: not UTF-8 (byte 0xe9 at column 16)"),
+    (b'{"prompt": "hi"}\n{"text": "no usable field"}\n', "empty.jsonl:2: field 'messages': no usable field"),
+])
+def test_a_bad_jsonl_dataset_is_one_line_naming_the_file_and_line(world, capsys, content, fragment):
+    data = world["tmp"] / "empty.jsonl"
+    data.write_bytes(content)
+    argv = ["--config", _file_source_config(world, data), "--store", world["store"].uri, "--target", "t0"]
+    assert step_main("datagen", argv) == 2
+    line = _one_error_line(capsys)
+    assert str(world["tmp"] / fragment) in line
+
+
+def test_a_dataset_directory_without_a_usable_column_is_one_line(world, capsys):
+    import datasets
+
+    ds_dir = world["tmp"] / "ds"
+    datasets.Dataset.from_dict({"question": ["a", "b"]}).save_to_disk(str(ds_dir))
+    capsys.readouterr()                                       # the save's progress bar
+    argv = ["--config", _file_source_config(world, ds_dir), "--store", world["store"].uri, "--target", "t0"]
+    assert step_main("datagen", argv) == 2
+    line = _one_error_line(capsys)
+    assert f"{ds_dir}: row 1: field 'messages': no usable field (row has ['question'])" in line
+
+
+def test_a_dead_s3_endpoint_is_one_line_naming_it(world, capsys, monkeypatch):
+    from tests.builders import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    for name, value in {"EAGLENEST_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    argv = ["--config", world["config"], "--store", "s3://bucket/p", "--dataset", "d0", "--target", "t0"]
+    assert step_main("mapping", argv) == 2
+    line = _one_error_line(capsys)
+    assert endpoint in line and "EAGLENEST_S3_ENDPOINT_URL" in line
+
+
+def test_verify_of_a_vllm_only_export_is_one_line(world, capsys):
+    w = world["store"].begin("export", "e0", step="export")
+    w.path("vllm/config.json").write_text("{}")
+    w.commit(meta={"engines": {"vllm": "vllm"}})
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--export", "e0", "--target", "t0"]
+    assert step_main("verify", argv) == 2
+    line = _one_error_line(capsys)
+    assert "export e0 has no 'sglang' directory; it holds ['vllm']" in line and "export.engines" in line
+
+
+@pytest.mark.parametrize("damage", ["config", "weights"])
+def test_doctor_on_a_corrupt_config_or_truncated_weights_is_one_line_naming_the_file(tmp_path, capsys, damage):
+    from steps import doctor
+    from tests.builders import specforge_layout
+
+    d = specforge_layout(tmp_path)
+    name = "config.json" if damage == "config" else "model.safetensors"
+    data = (d / name).read_bytes()
+    (d / name).write_bytes(data[: len(data) // 2])
+    assert doctor.main([str(d)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"eaglenest doctor: {d / name}: ")
+    assert ("not valid JSON" if damage == "config" else "not a readable safetensors file") in line

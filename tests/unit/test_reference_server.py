@@ -185,6 +185,17 @@ def test_temperature_above_zero_is_refused_not_silently_greedy(spec_server):
     assert err.value.code == 400 and "greedily" in err.value.read().decode()
 
 
+def test_an_out_of_vocabulary_token_id_is_a_400_naming_it_not_an_empty_reply(spec_server):
+    """Issue 11, finding 9: on /generate and on a streamed /v1/completions (refused before its 200)."""
+    _, server = spec_server
+    for url, body in ((f"{server.base_url}/generate", {"input_ids": [1, 2, 10**6]}),
+                      (f"{server.base_url}/v1/completions", {"prompt": [1, -5], "stream": True})):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            post(url, body)
+        bad = "1000000" if "generate" in url else "-5"
+        assert err.value.code == 400 and f"token id {bad}, outside the target's vocab [0, " in err.value.read().decode()
+
+
 def test_eagle_algorithm_skips_fc_and_live_tau_collapses_f1(world, spec_server, eagle_server):
     """F1 for real: preflight refuses EAGLE; served anyway, the same draft accepts almost nothing."""
     _, good = spec_server
