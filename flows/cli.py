@@ -9,7 +9,9 @@ lives in flows/ because it dispatches to both layers: steps/ never names flows/ 
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
 import sys
 
 from steps.registry import STEPS, TOOLS, step_main, version
@@ -21,8 +23,10 @@ FLOW_COMMANDS: dict[str, tuple[str, str]] = {
     "stack": ("flows.stack", "a local Prefect server + worker with every deployment registered (up|down|status)"),
     "dataset": ("flows.dataset_trigger", "upload a dataset to the store and start a pipeline run (upload|list)"),
 }
+#: store maintenance (steps/store/maintenance.py): no Prefect, no torch
+STORE_HELP = "check every artifact's sha256 (verify [--kind K] [--id ID]) or remove stale staging (gc)"
 #: every `eaglenest` command → its one-line help, in the order `--help` lists them
-COMMANDS: dict[str, str] = {**{s.name: s.help for s in STEPS.values()}, **TOOLS,
+COMMANDS: dict[str, str] = {**{s.name: s.help for s in STEPS.values()}, **TOOLS, "store": STORE_HELP,
                             **{name: help_text for name, (_, help_text) in FLOW_COMMANDS.items()}}
 
 
@@ -30,6 +34,45 @@ def usage() -> str:
     lines = ["usage: eaglenest <command> [options]   (eaglenest <command> --help for its options)", "", "commands:"]
     lines += [f"  {name:10s} {help_text}" for name, help_text in COMMANDS.items()]
     return "\n".join(lines)
+
+
+def store_main(argv: list[str]) -> int:
+    """`eaglenest store verify|gc`: 0 when every artifact checks out (or gc ran), 1 when one is corrupt, 2 for
+    a usage error (one line)."""
+    from steps.registry import add_common_args
+    from steps.secrets import redact_text
+    from steps.store import ArtifactError, collect_garbage, open_store, store_uri_for, verify_all
+
+    parser = argparse.ArgumentParser(prog="eaglenest store", description=STORE_HELP)
+    sub = parser.add_subparsers(dest="action", required=True)
+    verify = sub.add_parser("verify", help="hash every file of every committed artifact against its manifest")
+    verify.add_argument("--kind", default=None, help="only this kind (target, dataset, hidden, vocab, draft, ...)")
+    verify.add_argument("--id", default=None, help="only this artifact id (16 hex digits)")
+    gc = sub.add_parser("gc", help="remove staging of committed artifacts, orphan attempts and expired leases")
+    gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    for p in (verify, gc):
+        add_common_args(p)
+        p.add_argument("--json", action="store_true", help="print the records as JSON")
+    args = parser.parse_args(argv)
+    try:
+        from steps.config import find_config, load_config
+
+        store = open_store(store_uri_for(args.store, load_config(find_config(args.config), args.overrides).store))
+        if args.action == "verify":
+            records = verify_all(store, args.kind, args.id)
+            print(json.dumps(records, indent=2) if args.json else "\n".join(
+                f"{'ok     ' if r['ok'] else 'CORRUPT'} {r['kind']}/{r['id']}"
+                + (f"  {r['files']} files, {r['bytes']} bytes" if r["ok"] else f"  {r['error']}") for r in records)
+                or f"no artifacts in {store.uri}")
+            return 0 if all(r["ok"] for r in records) else 1
+        out = collect_garbage(store, dry_run=args.dry_run)
+        print(json.dumps(out, indent=2) if args.json else "\n".join(
+            [f"{'would remove' if args.dry_run else 'removed'} {r['key']} ({r['why']})" for r in out["removed"]]
+            + [f"{len(out['removed'])} objects, {out['bytes']} bytes; kept {len(out['kept'])} of live writers"]))
+        return 0
+    except (ArtifactError, ValueError, OSError) as err:
+        print(redact_text(f"eaglenest store: {' '.join(str(err).split())}"), file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return step_main(command, rest)
     if command in TOOLS:
         return int(importlib.import_module(f"steps.{command}").main(rest) or 0)
+    if command == "store":
+        return store_main(rest)
     if command in FLOW_COMMANDS:
         return int(importlib.import_module(FLOW_COMMANDS[command][0]).main(rest) or 0)
     print(f"eaglenest: unknown command {command!r} — run `eaglenest --help` for the list", file=sys.stderr)

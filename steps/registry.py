@@ -237,11 +237,23 @@ def _input_ids(step: Step, args: argparse.Namespace, cfg: Any, store: Any) -> li
             if not store.exists("target", value):
                 raise UsageError(f"no target artifact {value} for {args.config} in {store.uri} — run `eaglenest "
                                  "target` with the same --config and --store first, or pass --target ID")
+        producer = next(s.name for s in STEPS.values() if s.output == name)
         if value is None:
-            producer = next(s.name for s in STEPS.values() if s.output == name)
             raise UsageError(f"missing --{name} ID — pass the id `eaglenest {producer}` printed for this config")
+        _check_input_id(store, name, value, producer)
         ids.append(value)
     return ids
+
+
+def _check_input_id(store: Any, kind: str, value: str, producer: str) -> None:
+    """An input id is exactly 16 hex digits (nothing path-like reaches the store) and names a committed
+    artifact of that kind: its manifest says so (a hidden id passed as --draft is refused here)."""
+    from steps.store import ARTIFACT_ID
+
+    if not ARTIFACT_ID.fullmatch(value):
+        raise UsageError(f"--{kind} {value!r} is not an artifact id — ids are 16 hex digits, as `eaglenest "
+                         f"{producer}` printed them (--json gives its record)")
+    store.manifest(kind, value)
 
 
 def _is_rank_zero() -> bool:

@@ -221,12 +221,14 @@ def put_random_draft(store, target_dir: Path, *, draft_vocab_size: int, intermed
                      layer_ids=LAYER_IDS, seed: int = 0) -> str:
     """A seeded random draft for the HF target in `target_dir` (its embedding copied), written by `put_draft`.
 
-    The id names seed, num_aux and layer_ids, so variants of one store do not collide."""
+    The id names seed, num_aux and layer_ids (16 hex digits, as the CLI takes them), so variants of one store
+    do not collide."""
     tcfg = json.loads((target_dir / "config.json").read_text())
     draft = random_draft(seed, vocab_size=tcfg["vocab_size"], hidden_size=tcfg["hidden_size"],
                          draft_vocab_size=draft_vocab_size, intermediate_size=intermediate_size, num_aux=num_aux,
                          embed=load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"])
-    return put_draft(store, draft, draft_id=f"d{seed}{num_aux}{''.join(map(str, layer_ids))}", layer_ids=layer_ids,
+    draft_id = f"d{seed}{num_aux}{''.join(map(str, layer_ids))}".ljust(16, "0")
+    return put_draft(store, draft, draft_id=draft_id, layer_ids=layer_ids,
                      num_hidden_layers=tcfg["num_hidden_layers"], target_name="tiny")
 
 

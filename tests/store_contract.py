@@ -399,3 +399,58 @@ class StoreContract:
                                 store.backend.get_bytes(f"{key}/{MANIFEST}"))
         with pytest.raises(ArtifactError, match="holds hidden/c0c0000000000006, not draft/c0c0000000000006"):
             store.manifest("draft", "c0c0000000000006")
+
+    # --- maintenance: `eaglenest store verify|gc` (issue 11) -----------------------------------------
+
+    def test_store_verify_hashes_every_artifact_and_names_the_corrupt_one(self, store: Store):
+        from steps.store import verify_all
+
+        write_artifact(store, "draft", "dddd000000000001", {"m.bin": os.urandom(2048)})
+        write_artifact(store, "export", "eeee000000000001", {"s/m.bin": os.urandom(2048)})
+        assert [(r["kind"], r["id"], r["ok"]) for r in verify_all(store)] == \
+            [("draft", "dddd000000000001", True), ("export", "eeee000000000001", True)]
+        key = f"{store.key('export', 'eeee000000000001')}/s/m.bin"
+        flipped = bytearray(store.backend.get_bytes(key))
+        flipped[7] ^= 0x10
+        store.backend.put_bytes(key, bytes(flipped))                  # same size: only sha256 sees it
+        bad = [r for r in verify_all(store) if not r["ok"]]
+        assert [(r["kind"], r["id"]) for r in bad] == [("export", "eeee000000000001")] and "sha256" in bad[0]["error"]
+        assert [r["id"] for r in verify_all(store, kind="draft")] == ["dddd000000000001"]
+        assert verify_all(store, art_id="dddd000000000001")[0]["ok"]
+        with pytest.raises(ArtifactError, match="not an artifact id"):
+            verify_all(store, art_id="../export/eeee000000000001")
+
+    def test_gc_removes_debris_orphans_and_expired_leases_and_keeps_a_live_writer(self, store: Store):
+        import socket
+
+        from steps.store import LEASE, collect_garbage
+
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        try:
+            def lease(art_id: str, attempt: str, pid: int, heartbeat: float) -> None:
+                rec = {"owner": "t", "host": socket.gethostname(), "pid": pid, "heartbeat": heartbeat, "ttl": 60,
+                       "attempt": attempt}
+                store.backend.create_bytes(f"staging/hidden/{art_id}/{LEASE}", json.dumps(rec).encode())
+
+            write_artifact(store, "hidden", "9c00000000000001", {"x": b"1"})
+            store.backend.put_bytes("staging/hidden/9c00000000000001/a-lost/shard", b"debris")   # lost the race
+            lease("9c00000000000002", "a-live", sleeper.pid, time.time())                           # a live writer
+            store.backend.put_bytes("staging/hidden/9c00000000000002/a-live/shard", b"live" * 10)
+            store.backend.put_bytes("staging/hidden/9c00000000000002/a-old/shard", b"orphan")
+            lease("9c00000000000003", "a-dead", 2**22 + 12345, 0.0)                                # expired
+            store.backend.put_bytes("staging/hidden/9c00000000000003/a-dead/shard", b"dead" * 10)
+            store.backend.put_bytes("staging/hidden/9c00000000000004/a-none/shard", b"nobody")    # no lease
+            dry = collect_garbage(store, dry_run=True)
+            assert len(store.backend.list("staging/")) == 7 and dry["dry_run"]     # a dry run removes nothing
+            out = collect_garbage(store)
+            assert {r["key"] for r in out["removed"]} == {r["key"] for r in dry["removed"]} == {
+                "staging/hidden/9c00000000000001/a-lost/shard", "staging/hidden/9c00000000000002/a-old/shard",
+                f"staging/hidden/9c00000000000003/{LEASE}", "staging/hidden/9c00000000000003/a-dead/shard",
+                "staging/hidden/9c00000000000004/a-none/shard"}
+            assert store.backend.list("staging/") == ["staging/hidden/9c00000000000002/a-live/shard",
+                                                      f"staging/hidden/9c00000000000002/{LEASE}"]
+            assert store.verify("hidden", "9c00000000000001").files[0]["size"] == 1
+            assert store.partial_files("hidden", "9c00000000000003") == []      # the next writer starts afresh
+        finally:
+            sleeper.kill()
+            sleeper.wait()

@@ -23,7 +23,8 @@ against the manifest before use. Promotion moves aliases; nothing is overwritten
 
 The package, one module per job, in reading order: `ids` (content addresses, hashing), `manifest`,
 `backends` (file://, s3://), `writer` (leases and the commit), `store` (the `Store` class), `uri`
-(`open_store`), `cache` (`LocalCache`). Callers import from `steps.store` and use `Store` methods, never
+(`open_store`), `cache` (`LocalCache`), `maintenance` (`eaglenest store verify|gc`). Callers import from
+`steps.store` and use `Store` methods, never
 its backend.
 """
 
@@ -43,6 +44,7 @@ from steps.store.ids import (
     sha256_file,
     utc_now,
 )
+from steps.store.maintenance import collect_garbage, verify_all
 from steps.store.manifest import MANIFEST, Manifest, is_data_file
 from steps.store.store import Store
 from steps.store.uri import default_cache_dir, open_store, store_uri_for
@@ -51,7 +53,7 @@ from steps.store.writer import LEASE, LEASE_TTL_S, PARTIAL, ArtifactWriter, leas
 __all__ = [
     "ARTIFACT_ID", "CODE_VERSION", "ID_SCHEMA", "LEASE", "LEASE_TTL_S", "MANIFEST", "PARTIAL", "SEGMENT",
     "SINGLE_PUT_MAX_BYTES", "ArtifactError", "ArtifactWriter", "Backend", "FileBackend", "LocalCache", "Manifest",
-    "S3Backend", "Store", "artifact_id", "canonical_json", "check_ref", "code_version", "content_sha256",
-    "default_cache_dir", "is_data_file", "lease_is_dead", "md5_file", "open_store", "sha256_file",
-    "store_uri_for", "utc_now",
+    "S3Backend", "Store", "artifact_id", "canonical_json", "check_ref", "code_version", "collect_garbage",
+    "content_sha256", "default_cache_dir", "is_data_file", "lease_is_dead", "md5_file", "open_store", "sha256_file",
+    "store_uri_for", "utc_now", "verify_all",
 ]

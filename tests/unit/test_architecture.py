@@ -92,7 +92,7 @@ def test_flows_never_import_torch():
 def test_cli_commands_are_the_registry_steps_the_tools_and_the_flow_commands():
     from flows.cli import COMMANDS, FLOW_COMMANDS
 
-    assert list(COMMANDS) == [*STEPS, *TOOLS, *FLOW_COMMANDS]
+    assert list(COMMANDS) == [*STEPS, *TOOLS, "store", *FLOW_COMMANDS]
     assert set(FLOW_COMMANDS) == {"pipeline", "demo", "stack", "dataset"}
     assert set(TOOLS) == {"doctor", "convert"}
     assert all((ROOT / "steps" / f"{m}.py").is_file() for m in STEP_MODULES), "a registry row without its module"

@@ -18,6 +18,9 @@ from steps.store import open_store
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_FLAGS = ("--config", "--store", "--set", "--json", "--debug", "--version")
 
+#: the world's artifact ids: 16 hex digits, as the CLI requires
+T0, D0, E0 = "7a7a000000000001", "da7a000000000001", "e0e0000000000001"
+
 
 @pytest.mark.parametrize("name", list(STEPS))
 def test_every_step_has_the_same_help_shape(name, capsys):
@@ -41,10 +44,10 @@ def test_version_prints_the_package_version(capsys):
 def world(tmp_path):
     """A config file and a store holding a target and a dataset: mapping's inputs, nothing else."""
     store = open_store(f"file://{tmp_path}/store")
-    t = store.begin("target", "t0", step="target")
+    t = store.begin("target", T0, step="target")
     t.path("config.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 8}))
     t.commit(meta={"source": "tiny"})
-    d = store.begin("dataset", "d0", step="datagen")
+    d = store.begin("dataset", D0, step="datagen")
     rows = [{"id": "a", "input_ids": [1, 5, 5, 9, 60], "loss_mask": [0, 1, 1, 1, 0]}]
     d.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     d.commit()
@@ -56,7 +59,7 @@ def world(tmp_path):
 
 def test_json_prints_kind_id_uri_and_metrics(world, capsys, monkeypatch):
     monkeypatch.delenv("EAGLENEST_STORE", raising=False)
-    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "d0", "--target", "t0"]
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", D0, "--target", T0]
     assert step_main("mapping", [*argv, "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert set(record) == {"kind", "id", "uri", "metrics"} and record["kind"] == "vocab"
@@ -70,7 +73,7 @@ def test_json_prints_kind_id_uri_and_metrics(world, capsys, monkeypatch):
 def test_mapping_honours_eaglenest_store_over_the_config(world, capsys, monkeypatch):
     """The containers set EAGLENEST_STORE; explicit --store > $EAGLENEST_STORE > the config's `store`."""
     monkeypatch.setenv("EAGLENEST_STORE", world["store"].uri)
-    assert step_main("mapping", ["--config", world["config"], "--dataset", "d0", "--target", "t0", "--json"]) == 0
+    assert step_main("mapping", ["--config", world["config"], "--dataset", D0, "--target", T0, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["uri"].startswith(world["store"].uri)
     assert not (world["tmp"] / "config-store" / "vocab").exists()
 
@@ -79,7 +82,8 @@ def test_train_honours_eaglenest_store(world, capsys, monkeypatch):
     """Cheap: train looks its inputs up in the store EAGLENEST_STORE names (and says so when one is absent)."""
     env_store = open_store(f"file://{world['tmp']}/env-store")
     monkeypatch.setenv("EAGLENEST_STORE", env_store.uri)
-    assert step_main("train", ["--config", world["config"], "--target", "t0", "--hidden", "h", "--vocab", "v"]) == 2
+    argv = ["--config", world["config"], "--target", T0, "--hidden", "ab" * 8, "--vocab", "cd" * 8]
+    assert step_main("train", argv) == 2
     assert env_store.uri in capsys.readouterr().err
 
 
@@ -91,10 +95,10 @@ def _one_error_line(capsys) -> str:
 
 
 def test_a_missing_artifact_is_one_line_with_the_fix(world, capsys):
-    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "nope", "--target", "t0"]
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "f" * 16, "--target", T0]
     assert step_main("mapping", argv) == 2
     line = _one_error_line(capsys)
-    assert line.startswith("eaglenest mapping: ") and "dataset/nope" in line and "--store" in line
+    assert line.startswith("eaglenest mapping: ") and f"dataset/{'f' * 16}" in line and "--store" in line
 
 
 def test_a_missing_default_target_names_the_step_that_makes_it(world, capsys):
@@ -104,7 +108,7 @@ def test_a_missing_default_target_names_the_step_that_makes_it(world, capsys):
 
 
 def test_a_bad_store_uri_is_one_line_with_the_fix(world, capsys):
-    assert step_main("mapping", ["--config", world["config"], "--store", "nope://x", "--dataset", "d0"]) == 2
+    assert step_main("mapping", ["--config", world["config"], "--store", "nope://x", "--dataset", D0]) == 2
     line = _one_error_line(capsys)
     assert "nope://x" in line and "file://PATH" in line and "EAGLENEST_STORE" in line
 
@@ -120,7 +124,7 @@ def test_an_unreadable_or_invalid_config_is_one_line_with_the_fix(tmp_path, caps
 
 
 def test_debug_shows_the_traceback(world):
-    argv = ["--config", world["config"], "--store", "nope://x", "--dataset", "d0", "--target", "t0", "--debug"]
+    argv = ["--config", world["config"], "--store", "nope://x", "--dataset", D0, "--target", T0, "--debug"]
     with pytest.raises(Exception, match="nope://x"):
         step_main("mapping", argv)
 
@@ -149,7 +153,7 @@ def test_the_console_script_dispatches_steps_tools_and_flows_without_steps_impor
 ])
 def test_each_bad_number_is_one_line_naming_the_field_and_its_range(world, capsys, override, field, bound):
     """Issue 11, finding 8: before any work, whatever the step."""
-    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "d0", "--target", "t0"]
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", D0, "--target", T0]
     assert step_main("mapping", [*argv, "--set", override]) == 2
     line = _one_error_line(capsys)
     assert field in line and bound in line, line
@@ -157,7 +161,7 @@ def test_each_bad_number_is_one_line_naming_the_field_and_its_range(world, capsy
 
 
 def test_a_draft_vocab_larger_than_the_targets_is_one_line_once_the_target_is_known(world, capsys):
-    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", "d0", "--target", "t0"]
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", D0, "--target", T0]
     assert step_main("mapping", [*argv, "--set", "mapping.draft_vocab_size=100"]) == 2
     line = _one_error_line(capsys)
     assert "mapping.draft_vocab_size=100 exceeds the target's vocab_size=64" in line and "at most 64" in line
@@ -181,7 +185,7 @@ def _file_source_config(world, path) -> str:
 def test_a_bad_jsonl_dataset_is_one_line_naming_the_file_and_line(world, capsys, content, fragment):
     data = world["tmp"] / "empty.jsonl"
     data.write_bytes(content)
-    argv = ["--config", _file_source_config(world, data), "--store", world["store"].uri, "--target", "t0"]
+    argv = ["--config", _file_source_config(world, data), "--store", world["store"].uri, "--target", T0]
     assert step_main("datagen", argv) == 2
     line = _one_error_line(capsys)
     assert str(world["tmp"] / fragment) in line
@@ -193,7 +197,7 @@ def test_a_dataset_directory_without_a_usable_column_is_one_line(world, capsys):
     ds_dir = world["tmp"] / "ds"
     datasets.Dataset.from_dict({"question": ["a", "b"]}).save_to_disk(str(ds_dir))
     capsys.readouterr()                                       # the save's progress bar
-    argv = ["--config", _file_source_config(world, ds_dir), "--store", world["store"].uri, "--target", "t0"]
+    argv = ["--config", _file_source_config(world, ds_dir), "--store", world["store"].uri, "--target", T0]
     assert step_main("datagen", argv) == 2
     line = _one_error_line(capsys)
     assert f"{ds_dir}: row 1: field 'messages': no usable field (row has ['question'])" in line
@@ -206,20 +210,20 @@ def test_a_dead_s3_endpoint_is_one_line_naming_it(world, capsys, monkeypatch):
     for name, value in {"EAGLENEST_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1"}.items():
         monkeypatch.setenv(name, value)
-    argv = ["--config", world["config"], "--store", "s3://bucket/p", "--dataset", "d0", "--target", "t0"]
+    argv = ["--config", world["config"], "--store", "s3://bucket/p", "--dataset", D0, "--target", T0]
     assert step_main("mapping", argv) == 2
     line = _one_error_line(capsys)
     assert endpoint in line and "EAGLENEST_S3_ENDPOINT_URL" in line
 
 
 def test_verify_of_a_vllm_only_export_is_one_line(world, capsys):
-    w = world["store"].begin("export", "e0", step="export")
+    w = world["store"].begin("export", E0, step="export")
     w.path("vllm/config.json").write_text("{}")
     w.commit(meta={"engines": {"vllm": "vllm"}})
-    argv = ["--config", world["config"], "--store", world["store"].uri, "--export", "e0", "--target", "t0"]
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--export", E0, "--target", T0]
     assert step_main("verify", argv) == 2
     line = _one_error_line(capsys)
-    assert "export e0 has no 'sglang' directory; it holds ['vllm']" in line and "export.engines" in line
+    assert f"export {E0} has no 'sglang' directory; it holds ['vllm']" in line and "export.engines" in line
 
 
 @pytest.mark.parametrize("damage", ["config", "weights"])
@@ -235,3 +239,55 @@ def test_doctor_on_a_corrupt_config_or_truncated_weights_is_one_line_naming_the_
     line = _one_error_line(capsys)
     assert line.startswith(f"eaglenest doctor: {d / name}: ")
     assert ("not valid JSON" if damage == "config" else "not a readable safetensors file") in line
+
+
+# --- issue 11, finding 7: ids are 16 hex digits and of the kind asked for ---------------------------
+
+@pytest.mark.parametrize("bad", ["../../../outside/evil", f"../hidden/{'a' * 16}", "/etc", "..", "ABCDEF0123456789",
+                                 "a" * 15, "a" * 17])
+def test_an_input_id_that_is_not_16_hex_digits_is_refused_in_one_line(world, capsys, bad):
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", bad, "--target", T0]
+    assert step_main("mapping", argv) == 2
+    line = _one_error_line(capsys)
+    assert f"--dataset {bad!r} is not an artifact id" in line and "16 hex digits" in line
+    assert world["store"].list("vocab") == []
+
+
+def test_an_id_of_another_kind_is_refused_naming_what_it_holds(world, capsys):
+    """A dataset id passed as --target: the target folder has no such artifact; a manifest copied under
+    another kind's folder is refused by its own kind field."""
+    store = world["store"]
+    argv = ["--config", world["config"], "--store", store.uri, "--dataset", D0, "--target", D0]
+    assert step_main("mapping", argv) == 2
+    assert f"no artifact target/{D0}" in _one_error_line(capsys)
+    src = store.local_path(f"{store.key('dataset', D0)}/manifest.json")
+    dst = store.local_path(f"{store.key('target', D0)}/manifest.json")
+    dst.parent.mkdir(parents=True)
+    dst.write_bytes(src.read_bytes())
+    assert step_main("mapping", argv) == 2
+    assert f"holds dataset/{D0}, not target/{D0}" in _one_error_line(capsys)
+
+
+def test_eaglenest_store_verify_and_gc_as_a_process(world):
+    """`eaglenest store verify [--kind K] [--id ID]`: exit 0, then 1 naming a flipped byte; `store gc`."""
+    store = world["store"]
+
+    def eaglenest(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "flows.cli", "store", *args, "--config", world["config"],
+                               "--store", store.uri], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    ok = eaglenest("verify")
+    assert ok.returncode == 0 and f"ok      dataset/{D0}" in ok.stdout and f"ok      target/{T0}" in ok.stdout
+    rows = store.local_path(f"{store.key('dataset', D0)}/conversations/part-00000.jsonl")
+    rows.write_bytes(rows.read_bytes().replace(b'"a"', b'"b"'))
+    bad = eaglenest("verify", "--kind", "dataset")
+    assert bad.returncode == 1 and f"CORRUPT dataset/{D0}" in bad.stdout and "sha256" in bad.stdout
+    assert "target/" not in bad.stdout                       # --kind: only datasets were checked
+    assert eaglenest("verify", "--id", T0).returncode == 0
+    refused = eaglenest("verify", "--id", "../dataset")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "16 hex digits" in refused.stderr
+    store.backend.put_bytes(f"staging/vocab/{'ab' * 8}/a-gone/x.bin", b"debris")
+    gc = eaglenest("gc", "--json")
+    assert gc.returncode == 0 and [r["key"] for r in json.loads(gc.stdout)["removed"]] == \
+        [f"staging/vocab/{'ab' * 8}/a-gone/x.bin"]
+    assert store.backend.list("staging/") == []

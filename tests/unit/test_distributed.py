@@ -49,10 +49,10 @@ def train_inputs(root: Path) -> dict[str, str]:
     store = open_store(f"file://{root}")
     model = tiny_llama(vocab_size=256, hidden_size=64, intermediate_size=128, tie_word_embeddings=True,
                        initializer_range=0.5)
-    w = store.begin("target", "tgt", step="target")
+    w = store.begin("target", "7a70000000000001", step="target")
     model.save_pretrained(w.staging)
     w.commit(meta={"source": "tiny", "name": "tiny-test"})
-    w, shards, counts = store.begin("hidden", "hid", step="extract"), [], Counter()
+    w, shards, counts = store.begin("hidden", "41d0000000000001", step="extract"), [], Counter()
     for s in range(SHARDS):
         ids = torch.randint(0, 256, (SEQS_PER_SHARD, PROMPT), generator=torch.Generator().manual_seed(s))
         with torch.no_grad():
@@ -68,10 +68,10 @@ def train_inputs(root: Path) -> dict[str, str]:
         counts.update(t for seq in seqs for t in seq[PROMPT:])
     w.commit(meta={"layer_ids": LAYER_IDS, "hidden_size": 64, "num_aux": 3, "shards": shards})
     d2t, t2d = build_vocab(counts, 256, 96)
-    w = store.begin("vocab", "voc", step="mapping")
+    w = store.begin("vocab", "70c0000000000001", step="mapping")
     save_file({"d2t": d2t, "t2d": t2d}, str(w.path("vocab.safetensors")))
     w.commit(meta={"target_vocab": 256})
-    return {"target_id": "tgt", "hidden_id": "hid", "vocab_id": "voc"}
+    return {"target_id": "7a70000000000001", "hidden_id": "41d0000000000001", "vocab_id": "70c0000000000001"}
 
 
 def config_data(**train) -> dict:
@@ -199,7 +199,7 @@ def extract_inputs(root: Path) -> dict[str, str]:
     """A tiny Llama target with a tokenizer and a dataset of 40 conversations of 10..60 tokens."""
     store = open_store(f"file://{root}")
     tok = byte_tokenizer()
-    w = store.begin("target", "xtarget", step="target")
+    w = store.begin("target", "7a70000000000002", step="target")
     tiny_llama(vocab_size=300, hidden_size=64, intermediate_size=128).save_pretrained(w.staging)
     tok.save_pretrained(w.staging)
     w.commit(meta={"source": "tiny"})
@@ -209,10 +209,10 @@ def extract_inputs(root: Path) -> dict[str, str]:
         rows.append({"id": f"c{k}", "source": "hand", "messages": [],
                      "input_ids": torch.randint(3, 259, (n,), generator=g).tolist(),
                      "loss_mask": [int(i >= n // 3) for i in range(n)]})
-    w = store.begin("dataset", "xdataset", step="datagen")
+    w = store.begin("dataset", "da7a000000000002", step="datagen")
     w.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     w.commit(metrics={"ok": len(rows)})
-    return {"target_id": "xtarget", "dataset_id": "xdataset"}
+    return {"target_id": "7a70000000000002", "dataset_id": "da7a000000000002"}
 
 
 def extract_config() -> dict:

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from steps import artifacts, export
 from steps.checks import strict
 from steps.formats.sglang_loader import load_sglang_draft
-from steps.store import open_store
+from steps.store import ArtifactError, open_store
 from tests.builders import (
     CANONICAL_DRAFT_KEYS,
     SPECULATORS_DRAFT_KEYS,
@@ -112,7 +112,7 @@ def test_layer_ids_the_engines_cannot_capture_are_refused(world):
 def test_export_dir_names_the_missing_engine(world):
     cfg = pipeline_config(world["tdir"], export={"engines": ["sglang"], "dtype": "float32"})
     m = export.run(cfg, world["store"], world["draft_id"], world["target_id"])
-    with pytest.raises(KeyError, match="vllm"):
+    with pytest.raises(ArtifactError, match="has no .vllm. directory"):
         artifacts.export_dir(world["store"], m.id, "vllm")
 
 

@@ -65,7 +65,7 @@ def world(tmp_path_factory):
         rows.append({"id": f"c{k}", "source": "hand", "messages": [], "input_ids": ids,
                      "loss_mask": [int(i >= n // 3) for i in range(n)]})
     world = {"root": root, "model": model, "tokenizer": tok, "rows": rows,
-             "target": "tinytarget000001", "dataset": "tinydataset00001"}
+             "target": "7a70000000000003", "dataset": "da7a000000000003"}
     world["store"] = _populate(open_store(f"file://{root}/store", cache_dir=root / "cache"), world)
     return world
 

@@ -158,7 +158,7 @@ def test_the_step_promotes_records_the_decision_and_exits_0(world, tmp_path):
     from steps import gate
 
     store = world["store"]
-    bench = put_benchmark(store, "b-first", world["export_id"], tau=2.4)
+    bench = put_benchmark(store, "bf00000000000001", world["export_id"], tau=2.4)
     m = gate.run(world["cfg"], store, world["export_id"], world["target_id"], bench)
     assert m.metrics == {"verdict": "promote", "tau": 2.4, "speedup": 1.5}
     decision = json.loads(store.fetch_file("gate", m.id, "decision.json").read_text())
@@ -199,7 +199,7 @@ def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world
     from steps import gate
 
     store = world["store"]
-    bench = put_benchmark(store, "b-no-tau", world["export_id"], tau=None, algorithm="")
+    bench = put_benchmark(store, "b0000000000000a0", world["export_id"], tau=None, algorithm="")
     m = gate.run(world["cfg"], store, world["export_id"], world["target_id"], bench, spec_url="http://127.0.0.1:9")
     assert m.metrics["verdict"] == "zero-acceptance" and "no live τ" in m.meta["reasons"][0]
     assert "F1" in {f["id"] for f in m.meta["diagnosis"] if f["status"] == "fail"}, m.meta["diagnosis"]
