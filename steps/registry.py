@@ -184,9 +184,9 @@ def _s3_errors() -> tuple[type[BaseException], ...]:
     file:// run never imports it)."""
     if "botocore" not in sys.modules:
         return ()
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError
 
-    return (EndpointConnectionError, NoCredentialsError, ClientError)
+    return (BotoCoreError, ClientError)
 
 
 def _one_line(err: BaseException) -> str:
@@ -206,6 +206,9 @@ def _one_line(err: BaseException) -> str:
                "or AWS_ENDPOINT_URL)")
     elif type(err).__name__ in ("NoCredentialsError", "ClientError"):
         fix = "check the S3 credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the bucket and its permissions"
+    elif type(err).__module__.startswith("botocore"):
+        fix = ("the S3 store failed mid-request; re-run the step (what it uploaded is verified and resumed, "
+               "and nothing half-written is ever committed)")
     elif isinstance(err, OSError):
         fix = "check the path and its permissions"
     else:

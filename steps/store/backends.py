@@ -15,6 +15,8 @@ from steps.store.ids import ArtifactError, sha256_file
 
 #: S3's limit for one PUT; objects put whole up to this size get their md5 as ETag.
 SINGLE_PUT_MAX_BYTES = 5 * 1024**3
+#: reads of one object whose body was cut off mid-stream before giving up.
+READ_ATTEMPTS = 4
 
 
 class Backend(Protocol):
@@ -189,15 +191,27 @@ class S3Backend:
             raise
         os.replace(tmp, local)
 
-    def get_bytes(self, key: str) -> bytes | None:
-        from botocore.exceptions import ClientError
+    def _read_object(self, key: str, consume: Any) -> Any:
+        """`consume(body)` of the object, or None if absent. botocore retries a failed request but not a
+        body cut off mid-read (a dropped connection, a proxy's truncated answer): read again, a few times."""
+        from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError, ResponseStreamingError
 
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._k(key))["Body"].read()
-        except ClientError as err:
-            if err.response["Error"]["Code"] in ("NoSuchKey", "404"):
-                return None
-            raise
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                body = self.client.get_object(Bucket=self.bucket, Key=self._k(key))["Body"]
+                with body:
+                    return consume(body)
+            except ClientError as err:
+                if err.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
+                    return None
+                raise
+            except (ResponseStreamingError, ConnectionClosedError, ReadTimeoutError):
+                if attempt == READ_ATTEMPTS:
+                    raise
+        return None
+
+    def get_bytes(self, key: str) -> bytes | None:
+        return self._read_object(key, lambda body: body.read())
 
     def size(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
@@ -265,16 +279,7 @@ class S3Backend:
 
     def sha256(self, key: str) -> str | None:
         """sha256 hex of the object as the bucket serves it now (streamed through, not cached), or None if absent."""
-        from botocore.exceptions import ClientError
-
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._k(key))["Body"]
-        except ClientError as err:
-            if err.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise
-        with body:
-            return sha256_file(body)
+        return self._read_object(key, sha256_file)
 
     def create_bytes(self, key: str, data: bytes) -> bool:
         """PUT with `If-None-Match: *`: S3 (and moto 5.2.5, checked) answer 412 when the key exists."""
