@@ -40,8 +40,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -49,7 +47,7 @@ from steps import mapping, target  # noqa: E402
 from steps.artifacts import DRAFT_LOG_FILE, DRAFT_MODEL_FILE  # noqa: E402
 from steps.config import load_config  # noqa: E402
 from steps.store import ArtifactError, Store, open_store  # noqa: E402
-from tests.builders import put_token_dataset, tiny_target_dir  # noqa: E402
+from tests.builders import put_token_dataset, tiny_hf_config  # noqa: E402
 
 VOCAB, DATASET_ID, BUCKET = 320, "da7a5e7000000001", "faults"
 FAULTS = ("503-before", "500-after", "stall-drop", "truncated-body")
@@ -156,17 +154,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 # --- the world ---------------------------------------------------------------------------------------
 
 def write_config(root: Path) -> Path:
-    tdir = tiny_target_dir(root, vocab_size=VOCAB, hidden_size=64, intermediate_size=128)
-    data = yaml.safe_load((REPO / "configs/tiny.yaml").read_text())
-    data["target"] = {"source": "hf_dir", "path": str(tdir)}
-    # 7 shards of ~80 KB uploaded in rounds of one or two (the budget): kills land between uploads
-    data["extract"].update({"shard_tokens": 200, "batch_size": 2, "max_length": 128, "disk_budget": "180KB"})
-    data["mapping"] = {"draft_vocab_size": 128}
-    data["train"].update({"ttt_steps": 2, "epochs": 4, "batch_tokens": 128, "max_length": 128,
-                          "checkpoint_every": 3})
-    path = root / "faults.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    # 7 shards of ~100 KB uploaded in rounds of one or two (the budget): kills land between uploads
+    return tiny_hf_config(root, vocab_size=VOCAB, extract={"batch_size": 2, "disk_budget": "180KB"},
+                          train={"epochs": 4, "checkpoint_every": 3})
 
 
 def populate(store: Store, config: Path) -> str:
@@ -210,28 +200,44 @@ def check_draft(store: Store, draft: str) -> dict[str, Any]:
 
 # --- trials ------------------------------------------------------------------------------------------
 
+def marker(store: Store, kind: str, art: str) -> bool:
+    """The work is under way: extract has uploaded a shard (an upload record), train has logged a step."""
+    staged = store.backend.list(f"staging/{kind}/{art}/")
+    return any("/.partial/" in k if kind == "hidden" else k.endswith(DRAFT_LOG_FILE) for k in staged)
+
+
 def reference(root: Path, config: Path, env: dict[str, str]) -> dict[str, Any]:
-    """A clean run of extract and train: their ids, shard hashes, draft hash and work durations."""
+    """A clean run of extract and train: their ids, shard hashes, draft hash, and how long after their
+    lease (`<step>_work_s`) and after their first shard or logged step (`<step>_tail_s`) they committed."""
     store = open_store(f"file://{root}/reference", cache_dir=root / "cache-ref")
     target_id = populate(store, config)
     out: dict[str, Any] = {"store": store, "target": target_id}
+    cfg = load_config(config)
     for step in ("extract", "train"):
         ids = (out["hidden"], out["vocab"]) if step == "train" else ()
+        kind = "hidden" if step == "extract" else "draft"
         proc = subprocess.Popen(step_cmd(step, config, store, *ids), cwd=REPO, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        kind = "hidden" if step == "extract" else "draft"
-        t0 = time.monotonic()
-        while not store.backend.list(f"staging/{kind}/") and proc.poll() is None:
-            time.sleep(0.05)
-        started = time.monotonic()
+        art = None
+        began = first = done = None
+        while proc.poll() is None:
+            now = time.monotonic()
+            staged = store.backend.list(f"staging/{kind}/")
+            if began is None and staged:
+                began, art = now, staged[0].split("/")[2]
+            if art and first is None and marker(store, kind, art):
+                first = now
+            if art and done is None and store.backend.size(f"{store.key(kind, art)}/manifest.json") is not None:
+                done = now
+            time.sleep(0.02)
         stdout, stderr = proc.communicate()
-        if proc.returncode != 0:
-            raise SystemExit(f"reference {step} failed: {stderr[-2000:]}")
-        out[f"{step}_work_s"], out[f"{step}_start_s"] = time.monotonic() - started, started - t0
+        if proc.returncode != 0 or None in (began, first, done):
+            raise SystemExit(f"reference {step} failed or was too quick to observe: {stderr[-2000:]}")
+        out[f"{step}_work_s"], out[f"{step}_tail_s"] = done - began, done - first
         art = json.loads(stdout.splitlines()[-1])["id"]
         if step == "extract":
             out["hidden"], out["shards"] = art, hidden_files(store, art)
-            out["vocab"] = mapping.run(load_config(config), store, DATASET_ID, target_id).id
+            out["vocab"] = mapping.run(cfg, store, DATASET_ID, target_id).id
         else:
             out["draft"], out["draft_check"] = art, check_draft(store, art)
     return out
@@ -257,13 +263,20 @@ def kill_trial(i: int, kind: str, root: Path, config: Path, env: dict[str, str],
     cmd = step_cmd(step, config, store, *ids)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     began = wait_for(store, store.lease_key(art_kind, art), proc)
-    delay = rng.uniform(0, work)
+    # a third of the kills anywhere in the work (loading the model included), the rest once the first shard
+    # is uploaded or the first step logged, up to the commit: where resumable state exists
+    anchor = "lease" if i % 9 < 3 else "first"
+    if anchor == "first":
+        while proc.poll() is None and not marker(store, art_kind, art):
+            time.sleep(0.02)
+    delay = rng.uniform(0, work if anchor == "lease" else ref[f"{step}_tail_s"])
     time.sleep(delay)
     killed = proc.poll() is None
     if killed:
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    rec: dict[str, Any] = {"trial": "kill", "i": i, "kind": kind, "step": step, "kill_after_s": round(delay, 2),
+    rec: dict[str, Any] = {"trial": "kill", "i": i, "kind": kind, "step": step, "anchor": anchor,
+                           "kill_after_s": round(delay, 2),
                            "work_began": began is not None, "killed": killed,
                            "committed_before_rerun": store.backend.size(f"{store.key(art_kind, art)}/manifest.json")
                            is not None}

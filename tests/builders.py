@@ -121,6 +121,25 @@ def tiny_target_dir(root: Path, *, vocab_size: int, hidden_size: int, intermedia
     return save_hf_dir(model, tok, root)
 
 
+def tiny_hf_config(root: Path, *, vocab_size: int, extract: dict | None = None, train: dict | None = None) -> Path:
+    """configs/tiny.yaml with a seeded 64-wide hf_dir target (`tiny_target_dir`) and sizes that make several
+    shards and training steps in seconds; `extract`/`train` update those sections. Returns the YAML's path
+    (for step processes: `python -m steps.<step> --config PATH`)."""
+    import yaml
+
+    tdir = tiny_target_dir(root, vocab_size=vocab_size, hidden_size=64, intermediate_size=128)
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/tiny.yaml").read_text())
+    data["target"] = {"source": "hf_dir", "path": str(tdir)}
+    data["extract"].update({"shard_tokens": 200, "batch_size": 4, "max_length": 128, "disk_budget": "1MB",
+                            **(extract or {})})
+    data["mapping"] = {"draft_vocab_size": 128}
+    data["train"].update({"ttt_steps": 2, "epochs": 3, "batch_tokens": 128, "max_length": 128,
+                          "checkpoint_every": 4, **(train or {})})
+    path = root / "tiny-hf.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def bigram_target(root: Path, *, vocab_size: int | None = None, hidden_size: int = 288, intermediate_size: int = 256,
                   num_hidden_layers: int = 4, mlp_layer: int | None = None):
     """A bigram target with the byte-level ChatML tokenizer, saved under root/target: (model, directory).

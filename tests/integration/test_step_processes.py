@@ -22,13 +22,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from steps import mapping, target
 from steps.artifacts import DRAFT_LOG_FILE
 from steps.config import load_config
 from steps.store import Store, open_store
-from tests.builders import free_port, put_token_dataset, tiny_target_dir
+from tests.builders import free_port, put_token_dataset, tiny_hf_config
 from tests.conftest import S3_BUCKET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,17 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """configs/tiny.yaml with an hf_dir target of 64 wide and sizes that make several shards and steps."""
-    root = tmp_path_factory.mktemp("concurrent")
-    tdir = tiny_target_dir(root, vocab_size=VOCAB, hidden_size=64, intermediate_size=128)
-    data = yaml.safe_load((REPO / "configs/tiny.yaml").read_text())
-    data["target"] = {"source": "hf_dir", "path": str(tdir)}
-    data["extract"].update({"shard_tokens": 200, "batch_size": 4, "max_length": 128, "disk_budget": "1MB"})
-    data["mapping"] = {"draft_vocab_size": 128}
-    data["train"].update({"ttt_steps": 2, "epochs": 3, "batch_tokens": 128, "max_length": 128,
-                          "checkpoint_every": 4})
-    path = root / "tiny-hf.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return tiny_hf_config(tmp_path_factory.mktemp("concurrent"), vocab_size=VOCAB)
 
 
 def _two_at_once(step: str, config: Path, store: Store, env: dict[str, str],
