@@ -1,6 +1,6 @@
 """Fault injection against the store's commit protocol (issue 11): kill -9 and a faulty S3 peer.
 
-    python benchmarks/fault_injection.py --kills 24 --proxy-runs 4 --seed 0 [--out results.jsonl]
+    python tests/fault/fault_injection.py --kills 24 --proxy-runs 4 --seed 0 [--out results.jsonl]
 
 Real step processes (`python -m steps.extract|train`) on a seeded 64-wide tiny Llama (hf_dir) and a
 40-row token dataset, three kinds of trial:
@@ -17,7 +17,8 @@ Real step processes (`python -m steps.extract|train`) on a seeded 64-wide tiny L
 After each trial: `Store.verify` (every sha256), the shards against a clean reference run's (byte-equal:
 no corruption; same set: none lost or doubled), shards uploaded before the kill that were computed again
 (`committed shards recomputed`), train_log holding each step once in order, and nothing left in staging.
-Figures go to docs/RELIABILITY.md.
+Figures go to docs/RELIABILITY.md. It lives with the tests (not collected: no `test_` prefix) because it
+reads the store's backend to observe staging and leases, which only tests may do (test_architecture).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from steps import mapping, target  # noqa: E402
