@@ -12,6 +12,7 @@ Long steps report progress through `steps/progress.py`; here it becomes a progre
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from steps import progress
 from steps.config import find_config, load_config
 from steps.registry import DEFAULT_CONFIG
 from steps.registry import STEPS as REGISTRY
+from steps.secrets import install_log_redaction
 from steps.store import open_store, store_uri_for
 
 #: views of the one table, steps/registry.py: step → (module, the artifact ids its run() takes, in order;
@@ -54,7 +56,10 @@ def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str
 
 def run_step_reporting(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
                        inputs: dict[str, str], options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`run_step` with its progress shown as Prefect progress artifacts and its result logged."""
+    """`run_step` with its progress shown as Prefect progress artifacts and its result logged; every log line
+    (the step's and Prefect's, sent to the API) without URL credentials."""
+    for name in ("", "prefect"):
+        install_log_redaction(logging.getLogger(name))
     with progress.listening(ProgressArtifacts(step)):
         record = run_step(step, config, overrides, store_uri, inputs, options)
     get_run_logger().info("%s → %s (%.1f s)", step, record["uri"], record["seconds"])
