@@ -37,6 +37,7 @@ from steps.artifacts import load_tokenizer
 from steps.config import BenchmarkConfig, PipelineConfig, config_dict
 from steps.launch import get_json, post_json
 from steps.metrics import AcceptStats, acceptance_length_from_requests
+from steps.processes import forwarding_signals
 from steps.prompts import chat_token_ids, held_out_prompts, load_humaneval
 from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id, utc_now
@@ -163,21 +164,26 @@ def servers(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *
         futures = {name: pool.submit(serving.start, cfg, store, export_id, target_id, baseline=base, port=p)
                    for name, (url, base, p) in wanted.items() if url is None}
     started, errors = {}, []
+
+    def stop_all() -> None:
+        for _, server in started.values():
+            server.stop()
+
     for name, future in futures.items():
         try:
             started[name] = future.result()
         except Exception as err:  # noqa: BLE001 — stop the other server before re-raising
             errors.append(err)
     if errors:
-        for _, server in started.values():
-            server.stop()
+        stop_all()
         raise errors[0]
     try:
-        urls = {name: url or started[name][1].base_url for name, (url, _, _) in wanted.items()}
-        yield urls["baseline"], urls["speculative"], {name: m.id for name, (m, _) in started.items()}
+        # a cancelled run (SIGTERM) must not leave the servers, each in its own session, running
+        with forwarding_signals(stop_all):
+            urls = {name: url or started[name][1].base_url for name, (url, _, _) in wanted.items()}
+            yield urls["baseline"], urls["speculative"], {name: m.id for name, (m, _) in started.items()}
     finally:
-        for _, server in started.values():
-            server.stop()
+        stop_all()
 
 
 def server_facts(base_url: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.stack import save_result_storage
+from flows.prefect_setup import save_result_storage
 from steps.store import open_store
 from tests.conftest import S3_BUCKET
 
@@ -80,7 +80,7 @@ def test_up_again_keeps_the_running_processes_and_one_automation_per_trigger(pre
 
 
 def test_status_cli_reads_the_stack_directory(prefect_stack):
-    out = subprocess.run([sys.executable, "-m", "flows.stack", "status", "--dir", str(prefect_stack.dir), "--json"],
+    out = subprocess.run([sys.executable, "-m", "flows.stack_cli", "status", "--dir", str(prefect_stack.dir), "--json"],
                          env=prefect_stack.env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
@@ -104,7 +104,7 @@ def test_container_deployments_register_against_their_pools_and_render_gpu_reque
     from prefect_docker.worker import DockerWorkerJobConfiguration
     from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
-    out = subprocess.run([sys.executable, "-m", "flows.stack", "register", "--all", "--dir", str(prefect_stack.dir),
+    out = subprocess.run([sys.executable, "-m", "flows.stack_cli", "register", "--all", "--dir", str(prefect_stack.dir),
                           "--store", prefect_stack.store_uri], env=prefect_stack.env, cwd=REPO,
                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]

@@ -82,10 +82,10 @@ def test_the_contract_deployments_exist_with_their_parameters(deployments):
 
 
 def test_every_pool_has_a_template_the_stack_creates(deployments):
-    from flows.stack import POOLS
+    from flows.prefect_setup import POOLS
 
     used = {d["work_pool"]["name"] for d in deployments.values()}
-    assert used == set(POOLS), f"pools used by {PREFECT_FILE} vs flows.stack.POOLS"
+    assert used == set(POOLS), f"pools used by {PREFECT_FILE} vs flows.prefect_setup.POOLS"
     assert {p.stem for p in POOLS_DIR.glob("*.json")} == set(POOLS)
     for pool, (pool_type, _) in POOLS.items():
         variables = template(pool)["variables"]["properties"]
