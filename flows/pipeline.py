@@ -3,7 +3,7 @@
     target ─► datagen ─► extract ─► mapping ─► train ─► export ─► verify ─► serve ─► benchmark ─► gate
 
 `mode="local"` runs each step in this process; `mode="deployments"` starts each step as its own
-deployment (`<step>/<pool>`, its own container on the pool of its hardware class on a cluster) with
+deployment (`<step>/<step>-<pool>`, its own container on the pool of its hardware class on a cluster) with
 `run_deployment`. Either way each step call is a task with a persisted result and a cache policy
 scoped to this flow run, so retrying a failed run re-runs only the failed step and those after it;
 the earlier ones show as Cached. Prefect does not fail a parent when a child run fails: `call_step`
@@ -46,14 +46,14 @@ class StepRunFailed(RuntimeError):
 @task(name="step", task_run_name="{label}", persist_result=True, cache_policy=INPUTS + TASK_SOURCE + RUN_ID)
 def call_step(label: str, step: str, config: str, overrides: list[str], store: str | None, inputs: dict[str, str],
               options: dict[str, Any], mode: str, pool: str) -> dict[str, Any]:
-    """Run one step in-process or as the deployment `<step>/<pool>`; its record either way.
+    """Run one step in-process or as the deployment `<step>/<step>-<pool>`; its record either way.
 
     `label` names the call ("serve", "serve-retry"): part of the cache key, so a deliberate second
     call of a step in the same run is not served from the first one's cache.
     """
     if mode == "local":
         return run_step_reporting(step, config, overrides, store, inputs, options)
-    name = f"{step}/{pool}"
+    name = f"{step}/{step}-{pool}"   # deploy/prefect.yaml: `<step>-<local|docker|k8s>` under each step flow
     child = run_deployment(name, parameters={"config": config, "overrides": overrides, "store": store,
                                              "inputs": inputs, "options": options})
     if not child.state or not child.state.is_completed():
@@ -63,12 +63,25 @@ def call_step(label: str, step: str, config: str, overrides: list[str], store: s
     return child.state.result()
 
 
+def run_name() -> str:
+    """A triggered run is named after its dataset (`support-chats/prompts.jsonl on tiny`); any other keeps
+    the name Prefect gave it."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    dataset, config = params.get("dataset"), str(params.get("config") or "")
+    if not dataset:
+        return flow_run.name
+    name = "/".join(dataset.rstrip("/").split("/")[-2:])
+    return f"{name} on {config.rsplit('/', 1)[-1].removesuffix('.yaml')}"
+
+
 def dataset_overrides(dataset: str | None) -> list[str]:
     """An uploaded dataset file replaces the config's prompt sources."""
     return [] if not dataset else [f'dataset.sources=[{{kind: file, path: "{dataset}"}}]']
 
 
-@flow(name="eagle3-pipeline", log_prints=True, persist_result=True)
+@flow(name="eagle3-pipeline", log_prints=True, persist_result=True, flow_run_name=run_name)
 def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | None = None, store: str | None = None,
                     mode: Literal["local", "deployments"] = "local", pool: str = "local", dataset: str | None = None,
                     spec_url: str | None = None, baseline_url: str | None = None,

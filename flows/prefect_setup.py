@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from steps.registry import STEPS
+
+STEP_NAMES = tuple(STEPS)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = REPO_ROOT / "deploy" / "prefect.yaml"
 POOLS_DIR = REPO_ROOT / "deploy" / "pools"
@@ -37,6 +41,15 @@ INFRASTRUCTURE: dict[str, tuple[str, ...]] = {
     "docker": ("cpu-docker", "gpu-docker", "serve-docker"),
     "k8s": ("cpu-k8s", "gpu-k8s", "serve-k8s"),
 }
+#: `prefect deploy -n` names (deploy/prefect.yaml) per infrastructure: the steps' `<step>-<kind>`, the tiny
+#: pipeline on it, the rollback safety net and the dataset sensor (their own workers' pool). Exact names:
+#: `-n flow/name` compares `flow` with the entrypoint's *function* name in Prefect 3.9.1, and patterns
+#: deploy a match once per matching entry.
+DEPLOYMENT_SETS: dict[str, tuple[str, ...]] = {
+    "local": (*(f"{s}-local" for s in STEP_NAMES), "tiny", "smollm2", "rollback-local", "sensor-local"),
+    "docker": (*(f"{s}-docker" for s in STEP_NAMES), "tiny-docker", "rollback-docker", "sensor-docker"),
+    "k8s": (*(f"{s}-k8s" for s in STEP_NAMES), "tiny-k8s"),
+}
 RESULTS_BLOCK = "eaglenest-results"
 DEPLOY_TIMEOUT_S = 900.0
 
@@ -46,8 +59,8 @@ class SetupError(RuntimeError):
 
 
 def pools_for(infrastructure: Iterable[str]) -> list[str]:
-    """The pools of `local` plus each named infrastructure (`docker`, `k8s`), in POOLS order."""
-    wanted = {"local"} | {pool for kind in infrastructure for pool in INFRASTRUCTURE[kind]}
+    """The pools of each named infrastructure (`local`, `docker`, `k8s`), in POOLS order."""
+    wanted = {pool for kind in infrastructure for pool in INFRASTRUCTURE[kind]}
     return [name for name in POOLS if name in wanted]
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.prefect_setup import (
+    DEPLOYMENT_SETS,
     RESULTS_BLOCK,
     SetupError,
     create_pools,
@@ -50,11 +51,8 @@ from flows.prefect_setup import (
 from steps.processes import spawn as spawn_process
 from steps.processes import stop_group, wait_until
 
-#: what `up` registers (`name:` values in prefect.yaml): every `<flow>/local`, and the pipelines `tiny` and
-#: `smollm2`, all on the local pool. Plain names, not `flow/name`: `prefect deploy -n flow/name` (3.9.1)
-#: compares `flow` with the entrypoint's *function* name (`target_flow`), and a `*/local` pattern deploys
-#: every `local` once per matching deployment (12 × 12 runs of the same registration).
-LOCAL_DEPLOYMENTS = ("local", "tiny", "smollm2")
+#: what `up` registers: every deployment on the local pool (`flows/prefect_setup.py` DEPLOYMENT_SETS).
+LOCAL_DEPLOYMENTS = DEPLOYMENT_SETS["local"]
 WORKER_POOL = "local"
 #: a fresh server (SQLite created, migrations run) took 47 s on an idle 2-core machine; under load, minutes.
 START_TIMEOUT_S = 600.0
@@ -239,7 +237,7 @@ class Stack:
         self._start_server(timeout_s)
         self._write_state()
         with self._api():
-            create_pools(pools_for(self.infrastructure))
+            create_pools(pools_for(("local", *self.infrastructure)))
             save_result_storage(self.store_uri, self.results_dir)
         try:
             deploy(self.deployments, env=self.env, log=self._file("deploy.log"))

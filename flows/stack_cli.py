@@ -4,8 +4,9 @@
                                                      start (or re-check) and register
     eaglenest stack status [--dir out/stack] [--json]                    health, worker, deployments
     eaglenest stack down [--dir out/stack]                               worker first, then the server
-    eaglenest stack register --store URI [--all]     pools + result storage + deployments on the server
-                                                     PREFECT_API_URL names (compose, a cluster)
+    eaglenest stack register --store URI [--deployments local|docker|k8s ...] [--pools docker k8s] [--all]
+                                     pools + result storage + deployments on the server PREFECT_API_URL
+                                     names (compose: `--deployments docker --pools docker`, a cluster)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from flows.prefect_setup import (
+    DEPLOYMENT_SETS,
     INFRASTRUCTURE,
     SetupError,
     create_pools,
@@ -26,7 +28,7 @@ from flows.prefect_setup import (
     profile_api_url,
     save_result_storage,
 )
-from flows.stack import LOCAL_DEPLOYMENTS, START_TIMEOUT_S, Stack, StackError
+from flows.stack import START_TIMEOUT_S, Stack, StackError
 
 
 def stack_from_args(args: argparse.Namespace) -> Stack:
@@ -61,9 +63,9 @@ def cmd_register(args: argparse.Namespace) -> int:
     if not api_url:
         raise StackError("no server to register with: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
     store = args.store or os.environ.get("EAGLENEST_STORE")
-    pools = create_pools(pools_for(INFRASTRUCTURE) if args.all else pools_for(args.pools))
+    pools = create_pools(pools_for(INFRASTRUCTURE if args.all else {*args.deployments, *args.pools}))
     slug = save_result_storage(store, Path(args.dir).resolve() / "results")
-    deploy(None if args.all else LOCAL_DEPLOYMENTS)
+    deploy(None if args.all else [n for kind in args.deployments for n in DEPLOYMENT_SETS[kind]])
     print(f"{api_url}: pools {', '.join(pools)}; result storage {slug}; deployments registered")
     return 0
 
@@ -105,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     register = sub.add_parser("register", help="pools, result storage and deployments on PREFECT_API_URL's server")
     register.add_argument("--dir", default="out/stack", help="results folder parent for a file:// store")
     register.add_argument("--store", default=None, help="store URI (s3:// → S3Bucket results; default EAGLENEST_STORE)")
-    register.add_argument("--all", action="store_true", help="every deployment (docker, k8s too), not only local")
+    register.add_argument("--all", action="store_true", help="every deployment and pool (local, docker, k8s)")
+    register.add_argument("--deployments", nargs="+", choices=list(DEPLOYMENT_SETS), default=["local"],
+                          help="which sets to register (default local; compose: docker)")
     up = sub.choices["up"]
     up.add_argument("--store", default=None, help="store URI for runs that pass none (default: EAGLENEST_STORE)")
     up.add_argument("--timeout", type=float, default=START_TIMEOUT_S, help="seconds to wait for server and worker")
