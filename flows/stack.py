@@ -56,8 +56,8 @@ LOCAL_DEPLOYMENTS = DEPLOYMENT_SETS["local"]
 WORKER_POOL = "local"
 #: a fresh server (SQLite created, migrations run) took 47 s on an idle 2-core machine; under load, minutes.
 START_TIMEOUT_S = 600.0
-#: the worker asks for new runs this often (Prefect's default 10 s is most of each step's start-up).
-WORKER_QUERY_SECONDS = 2
+#: the worker asks for new runs this often (Prefect's default 10 s was most of each step's start-up).
+WORKER_QUERY_SECONDS = 1
 STOP_TIMEOUT_S = 30.0
 #: server settings that let `--watch` (and the UI's live view) follow a run's logs, not only its events.
 LOG_STREAM_ENV = {"PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
