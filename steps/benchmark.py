@@ -229,7 +229,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"Engine `{sp['version']}`, {sp['speculative_algorithm']} steps={sp['speculative_num_steps']} "
              f"topk={sp['speculative_eagle_topk']} draft tokens={sp['speculative_num_draft_tokens']}; "
              f"hardware: {report['hardware']['gpu'] or report['hardware']['cpu']}.", "",
-             f"**Live τ {m.get('tau', 0):.2f}** (client-side over finished requests), "
+             f"**Live τ {m.get('tau', 0):.3f}** (client-side over finished requests), "
              f"**speedup {m.get('speedup', 0):.2f}×** at batch {report['settings']['batch_sizes'][0]}.", "",
              "| temperature | batch | baseline tok/s | speculative tok/s | speedup | live τ |",
              "|---|---|---|---|---|---|"]
@@ -241,7 +241,7 @@ def markdown(report: dict[str, Any]) -> str:
         for batch, b in r["baseline"]["batches"].items():
             s = r["speculative"]["batches"][batch]
             lines.append(f"| {temp} | {batch} | {b['tokens_per_s']:.1f} | {s['tokens_per_s']:.1f} | "
-                         f"{s['tokens_per_s'] / b['tokens_per_s']:.2f} | {tau:.2f} |")
+                         f"{s['tokens_per_s'] / b['tokens_per_s']:.2f} | {tau:.3f} |")
     pos = ", ".join(f"{p:.2f}" for p in m.get("per_position_acceptance", []))
     lines += ["", f"Per-position acceptance: {pos}", "",
               f"TTFT {_ms(m.get('spec_ttft_s'))}; time between streamed chunks {_ms(m.get('spec_itl_s'))} "
@@ -279,7 +279,7 @@ def plot(report: dict[str, Any], path: Any) -> None:
     ax2.set_xlabel("draft position")
     ax2.set_ylabel("P(accepted)")
     ax2.set_ylim(0, 1)
-    fig.suptitle(f"live τ = {report['metrics'].get('tau', 0):.2f}")
+    fig.suptitle(f"live τ = {report['metrics'].get('tau', 0):.3f}")
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
