@@ -7,10 +7,12 @@ Every function talks to the API the current settings name (`Stack._api()` points
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -64,10 +66,62 @@ def pools_for(infrastructure: Iterable[str]) -> list[str]:
     return [name for name in POOLS if name in wanted]
 
 
-def create_pools(names: Iterable[str], pools_dir: Path = POOLS_DIR) -> list[str]:
-    """Create or update each pool from `<pools_dir>/<pool>.json`, with its concurrency limit."""
-    import json
+#: the Secret blocks `--s3-credentials` saves, referenced (not copied) by the docker pools' `env`: the worker
+#: resolves `{{ prefect.blocks.secret.<name> }}` when it starts a container, so the keys stay out of the
+#: pool's job variables (which the UI shows) and out of every log.
+S3_SECRET_BLOCKS = {"AWS_ACCESS_KEY_ID": "eaglenest-s3-access-key-id",
+                    "AWS_SECRET_ACCESS_KEY": "eaglenest-s3-secret-access-key"}
+#: plain settings the step containers need to reach the store, copied from the registering environment
+S3_SETTINGS = ("EAGLENEST_STORE", "EAGLENEST_S3_ENDPOINT_URL", "AWS_DEFAULT_REGION")
 
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """Defaults written into the pools' base job templates at registration (each stays a job variable a
+    deployment or a run may override): the docker network the step containers join, extra `env` for the
+    docker pools, and the Kubernetes namespace of the step Jobs."""
+    docker_network: str | None = None
+    docker_env: dict[str, str] = field(default_factory=dict)
+    k8s_namespace: str | None = None
+
+
+def pool_template(name: str, settings: PoolSettings = PoolSettings(), pools_dir: Path = POOLS_DIR) -> dict[str, Any]:
+    """`<pools_dir>/<name>.json` with `settings` applied to its variables' defaults."""
+    template = json.loads((pools_dir / f"{name}.json").read_text())
+    variables = template["variables"]["properties"]
+    kind = POOLS[name][0]
+    if kind == "docker" and settings.docker_network:
+        variables["networks"]["default"] = [settings.docker_network]
+    if kind == "docker" and settings.docker_env:
+        variables["env"]["default"] = {**variables["env"].get("default", {}), **settings.docker_env}
+    if kind == "kubernetes" and settings.k8s_namespace:
+        variables["namespace"]["default"] = settings.k8s_namespace
+    return template
+
+
+def s3_container_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The docker pools' `env` that reaches the store: the plain settings of `environ` verbatim, the keys as
+    references to the Secret blocks `save_s3_secrets` writes."""
+    env = {k: environ[k] for k in S3_SETTINGS if environ.get(k)}
+    return env | {variable: f"{{{{ prefect.blocks.secret.{block} }}}}" for variable, block in S3_SECRET_BLOCKS.items()}
+
+
+def save_s3_secrets(environ: Mapping[str, str]) -> list[str]:
+    """Save the S3 keys of `environ` as Secret blocks (their names); SetupError naming a missing key."""
+    from prefect.blocks.system import Secret
+
+    missing = [k for k in S3_SECRET_BLOCKS if not environ.get(k)]
+    if missing:
+        raise SetupError(f"--s3-credentials: {', '.join(missing)} not set in this environment (the keys the step "
+                         "containers use for the store); export them, or leave the flag out")
+    for variable, block in S3_SECRET_BLOCKS.items():
+        Secret(value=environ[variable]).save(block, overwrite=True)
+    return list(S3_SECRET_BLOCKS.values())
+
+
+def create_pools(names: Iterable[str], settings: PoolSettings = PoolSettings(),
+                 pools_dir: Path = POOLS_DIR) -> list[str]:
+    """Create or update each pool from its base job template (`pool_template`), with its concurrency limit."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
@@ -75,8 +129,8 @@ def create_pools(names: Iterable[str], pools_dir: Path = POOLS_DIR) -> list[str]
     with get_client(sync_client=True) as client:
         for name in names:
             pool_type, limit = POOLS[name]
-            template = json.loads((pools_dir / f"{name}.json").read_text())
-            client.create_work_pool(WorkPoolCreate(name=name, type=pool_type, base_job_template=template,
+            client.create_work_pool(WorkPoolCreate(name=name, type=pool_type,
+                                                   base_job_template=pool_template(name, settings, pools_dir),
                                                    concurrency_limit=limit), overwrite=True)
     return names
 

@@ -20,13 +20,16 @@ from pathlib import Path
 from flows.prefect_setup import (
     DEPLOYMENT_SETS,
     INFRASTRUCTURE,
+    PoolSettings,
     SetupError,
     create_pools,
     deploy,
     point_profile,
     pools_for,
     profile_api_url,
+    s3_container_env,
     save_result_storage,
+    save_s3_secrets,
 )
 from flows.stack import START_TIMEOUT_S, Stack, StackError
 
@@ -63,7 +66,12 @@ def cmd_register(args: argparse.Namespace) -> int:
     if not api_url:
         raise StackError("no server to register with: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
     store = args.store or os.environ.get("EAGLENEST_STORE")
-    pools = create_pools(pools_for(INFRASTRUCTURE if args.all else {*args.deployments, *args.pools}))
+    environ = {**os.environ, "EAGLENEST_STORE": store or ""}
+    docker_env = s3_container_env(environ) if args.s3_credentials else {}
+    if args.s3_credentials:
+        save_s3_secrets(environ)
+    settings = PoolSettings(docker_network=args.docker_network, docker_env=docker_env, k8s_namespace=args.namespace)
+    pools = create_pools(pools_for(INFRASTRUCTURE if args.all else {*args.deployments, *args.pools}), settings)
     slug = save_result_storage(store, Path(args.dir).resolve() / "results")
     deploy(None if args.all else [n for kind in args.deployments for n in DEPLOYMENT_SETS[kind]])
     print(f"{api_url}: pools {', '.join(pools)}; result storage {slug}; deployments registered")
@@ -96,6 +104,17 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "register": cmd_register}
+        return commands[args.command](args)
+    except (StackError, SetupError) as err:
+        print(f"eaglenest stack {args.command}: {err}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `eaglenest stack` argument parser (tests read compose's `stack register` line with it)."""
     parser = argparse.ArgumentParser(prog="eaglenest stack", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("up", "start the server and worker, create pools, register deployments"),
@@ -108,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     register.add_argument("--dir", default="out/stack", help="results folder parent for a file:// store")
     register.add_argument("--store", default=None, help="store URI (s3:// → S3Bucket results; default EAGLENEST_STORE)")
     register.add_argument("--all", action="store_true", help="every deployment and pool (local, docker, k8s)")
+    register.add_argument("--docker-network", default=None,
+                          help="docker network the step containers join (compose: eaglenest, to reach minio and "
+                               "prefect-server by name)")
+    register.add_argument("--s3-credentials", action="store_true",
+                          help="save AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY as Secret blocks and give the docker "
+                               "pools' containers them (by reference) with EAGLENEST_STORE, EAGLENEST_S3_ENDPOINT_URL")
+    register.add_argument("--namespace", default=None,
+                          help="Kubernetes namespace of the step Jobs (k8s pools; default eaglenest)")
     register.add_argument("--deployments", nargs="+", choices=list(DEPLOYMENT_SETS), default=["local"],
                           help="which sets to register (default local; compose: docker)")
     up = sub.choices["up"]
@@ -122,13 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="also create the docker / k8s work pools (deploy/pools/); by default only `local`, "
                             "since a pool without a worker shows red on the dashboard")
     sub.choices["status"].add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "register": cmd_register}
-        return commands[args.command](args)
-    except (StackError, SetupError) as err:
-        print(f"eaglenest stack {args.command}: {err}", file=sys.stderr)
-        return 1
+    return parser
 
 
 if __name__ == "__main__":
