@@ -128,7 +128,8 @@ def progress_artifacts(stack, flow_run_id: UUID) -> dict[str, float]:
             flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in children])))
     best: dict[str, float] = {}
     for a in arts:
-        name = str(a.description).split(":")[0]
+        assert a.key and a.key.startswith("eagle3-progress-"), (a.key, a.description)   # titled by step
+        name = a.key.removeprefix("eagle3-progress-")
         best[name] = max(best.get(name, 0.0), float(a.data))
     return best
 
