@@ -15,7 +15,9 @@ Which calls may be answered so:
 - serve, only when that benchmark is answered from the index: serve's artifact is a fresh server start
   (its id holds the start time), whose purpose is to fail early before a measurement. With the
   measurement already stored there is nothing to protect;
-- never the gate: its decision depends on the `production` alias at the time it runs.
+- never the gate: its decision depends on the `production` alias at the time it runs. When its benchmark
+  was answered from the index, though, the gate has no live server to examine and only reads the store:
+  the pipeline then runs it in its own process (`mode="local"` for that call) instead of a child run.
 The pipeline's `reuse=False` parameter turns this off (every step a child run; steps still reuse their
 artifacts themselves).
 """
