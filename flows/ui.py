@@ -68,7 +68,7 @@ def progress_markdown(step: str, update: Update, width: int = 20) -> str:
     eta = update.eta_s
     parts = [f"**{step}** `{'█' * filled}{'░' * (width - filled)}` {100 * update.fraction:.0f}%",
              f"{update.done:,.0f}/{update.total:,.0f} {update.unit}", f"{clock(update.elapsed_s)} elapsed",
-             f"ETA {clock(eta) if eta is not None else '?'}", *[f"{k} {v}" for k, v in update.postfix.items()]]
+             f"ETA {clock(eta) if eta is not None else '?'}", *[f"{k} {v}" for k, v in update.postfix_items()]]
     return " · ".join(parts)
 
 

@@ -43,10 +43,14 @@ class Update:
         rate = (self.done - self.initial) / self.elapsed_s if self.elapsed_s > 0 else 0.0
         return max(0.0, (self.total - self.done) / rate) if rate > 0 else None
 
+    def postfix_items(self) -> list[tuple[str, str]]:
+        """The postfix as text, floats with three decimals (an accuracy of 0.123456789 reads 0.123)."""
+        return [(k, f"{v:.3f}" if isinstance(v, float) else str(v)) for k, v in self.postfix.items()]
+
     def line(self) -> str:
         """`train: 45/100 step (45%), 0:12 elapsed, ETA 0:15, loss=2.345`"""
         eta = self.eta_s
-        extra = "".join(f", {k}={v}" for k, v in self.postfix.items())
+        extra = "".join(f", {k}={v}" for k, v in self.postfix_items())
         return (f"{self.desc}: {self.done:,.0f}/{self.total:,.0f} {self.unit} ({100 * self.fraction:.0f}%), "
                 f"{clock(self.elapsed_s)} elapsed, ETA {clock(eta) if eta is not None else '?'}{extra}")
 

@@ -33,14 +33,14 @@ def test_updates_carry_the_postfix_elapsed_time_and_an_eta_that_ignores_resumed_
     with progress.listening(calls.append):
         with progress.bar(total=10, desc="train", unit="step", initial=4, disable=True) as bar:
             bar.update(1)
-            bar.set_postfix(loss="2.345")
+            bar.set_postfix(loss="2.345", acc0=0.123456789)
     last = calls[-1]
-    assert last.postfix == {"loss": "2.345"} and last.initial == 4.0 and last.done == 5.0
+    assert last.postfix == {"loss": "2.345", "acc0": 0.123456789} and last.initial == 4.0 and last.done == 5.0
     assert last.elapsed_s > 0
     # 1 step in elapsed_s seconds, 5 left: the 4 resumed steps must not make it look faster
     assert abs(last.eta_s - 5 * last.elapsed_s) < 1e-6
     assert last.line().startswith("train: 5/10 step (50%), 0:00 elapsed, ETA 0:00")
-    assert last.line().endswith(", loss=2.345")
+    assert last.line().endswith(", loss=2.345, acc0=0.123")
 
 
 def test_eta_is_unknown_before_any_work_and_clock_formats_hours():
