@@ -66,7 +66,15 @@ def test_a_put_under_datasets_becomes_the_contract_event():
     assert event["id"] == str(uuid.uuid5(uuid.NAMESPACE_URL, f"{uri}@{ETAG}"))
     assert event["resource"]["prefect.resource.id"] == "eaglenest.dataset.support-chats"
     assert event["payload"] == {"uri": uri, "name": "support-chats", "version": ETAG, "size": 2048,
-                                "store": "s3://eaglenest"}
+                                "store": "s3://eaglenest", "pipeline": "tiny"}
+
+
+def test_a_put_under_a_pipelines_prefix_is_announced_for_that_pipeline():
+    store = open_store("s3://eaglenest")
+    [event] = events_from_notification(minio_notification("datasets/smollm2/support-chats/p.jsonl"), store)
+    assert event["payload"]["pipeline"] == event["resource"]["eaglenest.pipeline"] == "smollm2"
+    assert event["payload"]["name"] == "support-chats"
+    assert events_from_notification(minio_notification("datasets/nosuch/support-chats/p.jsonl"), store) == []
 
 
 def test_the_uri_is_the_stores_own_object_uri_so_cli_sensor_and_adapter_agree():

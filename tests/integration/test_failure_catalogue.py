@@ -168,7 +168,7 @@ def test_healthy_export_accepts_tokens(world, servers):
                                            target_config=world["tcfg"], env={}) if f.status == "fail"]
     tau = live_tau(servers["healthy"])
     found = doctor_on(world, world["healthy"], servers["healthy"])
-    print(f"healthy live τ = {tau:.2f}")
+    print(f"healthy live τ = {tau:.3f}")
     assert tau > 1.5, tau
     assert not [f for f in found.values() if f.status == "fail"], [str(f) for f in found.values()]
     assert found["F9"].status == "pass" and found["F1"].status == "pass"
@@ -201,7 +201,7 @@ def test_f2_f3_f4_are_refused_collapse_live_and_are_named_by_doctor(world, serve
     server = servers[row]
     tau = live_tau(server)
     found = doctor_on(world, world[row], server)
-    print(f"{rid}: live τ = {tau:.2f}; {found['F9']}")
+    print(f"{rid}: live τ = {tau:.3f}; {found['F9']}")
     assert tau <= ZERO, tau
     assert found[rid].status == "fail" and found[rid].fix
     assert found["F1"].status == "pass"                     # the flags are right: it is the checkpoint
