@@ -104,3 +104,24 @@ def prefect_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         yield stack
     finally:
         stack.down()
+
+
+#: the session's tiny target: configs/tiny.yaml with this override (enough pretraining for the loss to fall well
+#: below ln(vocab), tests/unit/test_target.py; datagen only needs a model that emits text).
+TINY_PRETRAIN = "target.tiny.pretrain_steps=150"
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory: pytest.TempPathFactory):
+    """configs/tiny.yaml's target, pretrained once per session (`TINY_PRETRAIN`) into its own `file://` store:
+    (store, manifest, seconds the build took). Tests add their artifacts to that store or copy the target out."""
+    import time
+
+    from steps import target
+    from steps.config import load_config
+    from steps.store import open_store
+
+    store = open_store(f"file://{tmp_path_factory.mktemp('tiny-target')}")
+    started = time.perf_counter()
+    manifest = target.run(load_config("configs/tiny.yaml", [TINY_PRETRAIN]), store)
+    return store, manifest, time.perf_counter() - started
