@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,8 @@ from tests.builders import bigram_world, free_port
 
 LAYER_IDS, K = [1, 2, 3], 3
 F6_TIMEOUT_S = 40        # the retry must load within it on a loaded 2-core machine (~20 s)
+# f6_run is the suite's one live CUDA-graph hang (the serve step on the reference engine, waited out): the
+# failure catalogue and tests/unit/test_serve.py use tests/fake_sglang.py, which hangs without loading a model.
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -275,6 +278,15 @@ def test_a_cuda_graph_hang_times_out_then_serve_run_retries_without_graphs_f6(wo
     assert "capturing CUDA graphs" in first_log
     assert manifest.metrics["smoke_tau"] > ZERO_ACCEPTANCE_TAU
     assert launching.health_status(f"{manifest.meta['endpoint']}/health", timeout_s=2) is None      # run stopped it
+    # the run report shows both starts, from the serve step's record as the pipeline keeps it (flows/step_flows.py)
+    from flows.ui import run_report
+
+    record = {"kind": manifest.kind, "id": manifest.id, "uri": "", "seconds": 0, "meta": manifest.meta}
+    report = run_report("t", {"serve": record}, dataset=None, decision=None, production=None, plot_png=None,
+                        outcome="Completed")
+    table = report[report.index("## Server starts"):]
+    assert re.search(rf"\n\| True \| failed: \S+ not healthy after {F6_TIMEOUT_S} s[^|\n]*\| [\d.]+ \|\n", table), table
+    assert re.search(r"\n\| False \| healthy \| [\d.]+ \|", table), table
 
 
 def test_unknown_sglang_flags_are_recorded_and_baseline_drops_only_speculative_flags():
