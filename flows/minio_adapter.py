@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="require `Authorization: Bearer TOKEN` (MinIO's webhook auth_token); default: "
                         "$EAGLENEST_ADAPTER_TOKEN")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # force: importing Prefect already configured the root logger (WARNING), which would drop every line here
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
     missing = [flag for flag, value in (("--store", args.store), ("--api-url", args.api_url)) if not value]
     if missing:
         print(f"minio_adapter: {' and '.join(missing)} not given and not in the environment "

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -37,7 +38,7 @@ from steps.config import PipelineConfig
 from steps.launch import ServerStartError, launch_with_fallback
 from steps.processes import forwarding_signals
 from steps.registry import UsageError, step_main
-from steps.serving import build_sglang_command, health_url_for, preflight, start, target_config_for
+from steps.serving import LAUNCHERS, build_sglang_command, health_url_for, preflight, start, target_config_for
 from steps.store import store_uri_for
 
 
@@ -92,9 +93,11 @@ def launch_directory(cfg: PipelineConfig, args: argparse.Namespace) -> int | Non
 
 
 def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> int:
+    # `serve.engine` picks the server, as in `run`; --print-command always prints SGLang's (the serve image's)
     def command_for(disable: bool) -> list[str]:
         return build_sglang_command(cfg, target_path=args.target_path, draft_dir=args.draft, port=args.port,
-                                    disable_cuda_graph=disable or args.disable_cuda_graph)
+                                    disable_cuda_graph=disable or args.disable_cuda_graph,
+                                    launcher=LAUNCHERS[cfg.serve.engine])
 
     try:
         server = launch_with_fallback(command_for, log_dir=args.log_dir, health_url=health_url_for(cfg, args.port),
@@ -105,12 +108,28 @@ def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> in
         return 1
     print(json.dumps(server.attempts, indent=2))
     print(f"serving at {server.base_url}; Ctrl-C stops it", flush=True)
+<<<<<<< HEAD
     # SIGTERM (docker stop, a cancelled run) stops the server's group too: it runs in its own session
     with forwarding_signals(server.stop):
         try:
             server.process.wait()
         except KeyboardInterrupt:
             pass
+=======
+    # SIGTERM (kill, docker stop) ends the wait like Ctrl-C: the server runs in its own session, so without
+    # this it would outlive us
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+>>>>>>> tests
     return server.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 

@@ -1,4 +1,5 @@
-"""`eaglenest stack up` against a real `prefect server start` and process worker (the `prefect_stack` fixture).
+"""`eaglenest stack up` against a real `prefect server start` and process worker (the `prefect_stack` fixture,
+which runs `eaglenest stack up` and, at the end of the session, `eaglenest stack down` and checks nothing is left).
 
 1. up registers every local deployment, both triggers as automations, and an online worker;
 2. a deployment run is picked up by the worker, completes, writes its artifact to the stack's store and
@@ -24,7 +25,7 @@ import pytest
 
 from flows.prefect_setup import save_result_storage
 from steps.store import open_store
-from tests.conftest import S3_BUCKET
+from tests.conftest import S3_BUCKET, eaglenest
 
 pytestmark = pytest.mark.slow
 
@@ -85,8 +86,13 @@ def test_a_deployment_run_is_picked_up_by_the_worker_and_persists_its_result(pre
 
 
 def test_up_again_keeps_the_running_processes_and_one_automation_per_trigger(prefect_stack):
+    """`eaglenest stack up` on a running stack (the fixture started it with the same command)."""
     pids = (prefect_stack.status()["server_pid"], prefect_stack.status()["worker_pid"])
-    prefect_stack.up()
+    up = eaglenest("stack", "up", "--dir", str(prefect_stack.dir), "--port", str(prefect_stack.port),
+                   "--store", prefect_stack.store_uri, "--no-ui", "--no-schedules", "--no-profile")
+    assert up.returncode == 0, (up.stdout + up.stderr)[-3000:]
+    assert f"Prefect API:  {prefect_stack.api_url}" in up.stdout
+    assert f"store:        {prefect_stack.store_uri}" in up.stdout
     report = prefect_stack.status()
     assert (report["server_pid"], report["worker_pid"]) == pids
     assert LOCAL <= set(report["deployments"])
