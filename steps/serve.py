@@ -36,7 +36,6 @@ from typing import Any
 from steps.artifacts import served_export
 from steps.config import PipelineConfig
 from steps.launch import ServerStartError, launch_with_fallback
-from steps.processes import forwarding_signals
 from steps.registry import UsageError, step_main
 from steps.serving import LAUNCHERS, build_sglang_command, health_url_for, preflight, start, target_config_for
 from steps.store import store_uri_for
@@ -108,14 +107,6 @@ def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> in
         return 1
     print(json.dumps(server.attempts, indent=2))
     print(f"serving at {server.base_url}; Ctrl-C stops it", flush=True)
-<<<<<<< HEAD
-    # SIGTERM (docker stop, a cancelled run) stops the server's group too: it runs in its own session
-    with forwarding_signals(server.stop):
-        try:
-            server.process.wait()
-        except KeyboardInterrupt:
-            pass
-=======
     # SIGTERM (kill, docker stop) ends the wait like Ctrl-C: the server runs in its own session, so without
     # this it would outlive us
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -125,7 +116,6 @@ def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> in
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
->>>>>>> tests
     return server.stop()
 
 
