@@ -20,7 +20,7 @@ from steps.registry import STEPS, TOOLS, step_main, version
 FLOW_COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline": ("flows.pipeline_cli", "run the whole chain as a Prefect flow"),
     "demo": ("flows.demo", "the whole chain on the embedded default, with a summary"),
-    "stack": ("flows.stack", "a local Prefect server + worker with every deployment registered (up|down|status)"),
+    "stack": ("flows.stack_cli", "a local Prefect server + worker with every deployment registered (up|down|status)"),
     "dataset": ("flows.dataset_trigger", "upload a dataset to the store and start a pipeline run (upload|list)"),
 }
 #: store maintenance (steps/store/maintenance.py): no Prefect, no torch

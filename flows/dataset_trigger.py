@@ -1,15 +1,24 @@
 """New datasets start pipeline runs: `eaglenest dataset upload|list` and the `dataset-sensor` flow.
 
-    eaglenest dataset upload prompts.jsonl --name support-chats [--store URI] [--no-event]
+    eaglenest dataset upload prompts.jsonl --name support-chats [--pipeline smollm2] [--store URI] [--no-event]
     eaglenest dataset list [--store URI]
 
 `upload` reads a local JSONL or parquet prompt file, refuses it unless `steps.prompts` can read
-every row (the error names the line and the field; nothing is uploaded), puts it at
-`datasets/<name>/<file name>` under the store root, and emits the event
-`eaglenest.dataset.uploaded` to the Prefect API. The `eagle3-pipeline/tiny` deployment's trigger
-turns that event into a run with `dataset=<the object's URI>`. The `dataset-sensor` flow lists
-`datasets/` and emits the same event for objects that arrived by other means (`aws s3 cp`, the
-MinIO console, a plain copy into a file store).
+every row (the error names the line and the field; nothing is uploaded), puts it under the store
+root and emits the event `eaglenest.dataset.uploaded` to the Prefect API.
+
+Which pipeline trains on it is chosen by the object's prefix (the same for every way in: this CLI,
+`aws s3 cp`, the MinIO console):
+
+    datasets/<name>/<file name>              the default pipeline, `tiny` (DEFAULT_PIPELINE)
+    datasets/<pipeline>/<name>/<file name>   `<pipeline>` one of PIPELINES: `tiny`, `smollm2`
+
+The event's resource carries the label `eaglenest.pipeline: <pipeline>`, and each `eagle3-pipeline`
+deployment's trigger matches its own (deploy/prefect.yaml), so the run has `dataset=<the object's URI>`
+on the deployment of that pipeline; the run is named after the dataset (`support-chats/prompts.jsonl`).
+The `dataset-sensor` flow lists `datasets/` and emits the same event for objects that arrived by other
+means into a store that sends no notifications (a plain copy into a file store); its schedule is off
+by default (no run every few minutes): run it by hand, or resume its schedule.
 
 One object version, one run. The event id is `uuid5(NAMESPACE_URL, f"{uri}@{version}")`
 (version = the object's ETag, md5 hex; the file store computes the md5), so the CLI, the sensor
@@ -44,6 +53,10 @@ EVENT = "eaglenest.dataset.uploaded"
 PREFIX = "datasets"
 #: what `steps.prompts.load_file` reads as a single file (.json is read as JSONL there too).
 DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
+#: dataset prefix → `eagle3-pipeline` deployment whose trigger starts on it (deploy/prefect.yaml matches the
+#: label `eaglenest.pipeline`); objects right under `datasets/<name>/` go to DEFAULT_PIPELINE.
+PIPELINES = ("tiny", "smollm2")
+DEFAULT_PIPELINE = "tiny"
 #: a dataset name is one path segment and part of the event's resource id.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: one Variable per announced object version (a Variable value holds at most 5000 characters,
@@ -59,15 +72,34 @@ def event_id(uri: str, version: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{uri}@{version}"))
 
 
-def dataset_event(uri: str, name: str, version: str, size: int, store: str) -> dict[str, Any]:
+def dataset_event(uri: str, name: str, version: str, size: int, store: str,
+                  pipeline: str = DEFAULT_PIPELINE) -> dict[str, Any]:
     """The `eaglenest.dataset.uploaded` event for one object version, as the JSON Prefect accepts."""
     return {
         "id": event_id(uri, version),
         "occurred": dt.datetime.now(dt.UTC).isoformat(),
         "event": EVENT,
-        "resource": {"prefect.resource.id": f"eaglenest.dataset.{name}", "prefect.resource.name": name},
-        "payload": {"uri": uri, "name": name, "version": version, "size": int(size), "store": store},
+        "resource": {"prefect.resource.id": f"eaglenest.dataset.{name}", "prefect.resource.name": name,
+                     "eaglenest.pipeline": pipeline},
+        "payload": {"uri": uri, "name": name, "version": version, "size": int(size), "store": store,
+                    "pipeline": pipeline},
     }
+
+
+def dataset_key(pipeline: str, name: str, file_name: str) -> str:
+    """Where a dataset for `pipeline` lives under the store root (the default pipeline's needs no prefix)."""
+    middle = "" if pipeline == DEFAULT_PIPELINE else f"{pipeline}/"
+    return f"{PREFIX}/{middle}{name}/{file_name}"
+
+
+def parse_key(key: str) -> tuple[str, str, str] | None:
+    """(pipeline, name, file name) of a dataset key under the store root; None for any other key."""
+    parts = key.split("/")
+    if parts[0] != PREFIX or not all(parts) or len(parts) not in (3, 4):
+        return None
+    if len(parts) == 3:
+        return DEFAULT_PIPELINE, parts[1], parts[2]
+    return (parts[1], parts[2], parts[3]) if parts[1] in PIPELINES else None
 
 
 def api_request(api_url: str, method: str, path: str, *, ok: tuple[int, ...] = (), **kwargs: Any) -> httpx.Response:
@@ -134,6 +166,9 @@ def check_name(name: str) -> str:
     if not NAME_PATTERN.fullmatch(name):
         raise ValueError(f"dataset name {name!r}: use letters, digits, '.', '_' or '-' (at most 128, not "
                          "starting with '.', '_' or '-'); it becomes datasets/<name>/ and the event's resource id")
+    if name in PIPELINES:
+        raise ValueError(f"dataset name {name!r} is a pipeline's prefix (datasets/{name}/<name>/); pick another "
+                         f"name, and --pipeline {name} to train that pipeline on it")
     return name
 
 
@@ -147,14 +182,15 @@ def check_dataset(path: Path) -> int:
 
 
 def dataset_record(store: Store, key: str, stat: dict[str, Any]) -> dict[str, Any]:
-    _, name, file_name = key.split("/", 2)
-    return {"name": name, "file": file_name, "key": key, "uri": store.object_uri(key),
+    pipeline, name, file_name = parse_key(key) or ("?", "?", "?")
+    return {"name": name, "file": file_name, "key": key, "uri": store.object_uri(key), "pipeline": pipeline,
             "size": stat["size"], "version": stat["etag"]}
 
 
 def list_datasets(store: Store) -> list[dict[str, Any]]:
-    """Every `datasets/<name>/<file>` object with its size and version; deeper or shallower keys are skipped."""
-    keys = [k for k in store.list_objects(f"{PREFIX}/") if k.count("/") == 2]
+    """Every dataset object (`datasets/[<pipeline>/]<name>/<file>`) with its size and version; other keys
+    are skipped."""
+    keys = [k for k in store.list_objects(f"{PREFIX}/") if parse_key(k)]
     records = []
     for key in keys:
         stat = store.stat(key)
@@ -163,11 +199,14 @@ def list_datasets(store: Store) -> list[dict[str, Any]]:
     return records
 
 
-def upload_dataset(store: Store, path: Path, name: str) -> tuple[dict[str, Any], bool]:
-    """Put a checked file at datasets/<name>/<file name>; returns its record and whether bytes were sent.
-
-    The same bytes already there are not sent again (same version, same event id)."""
-    key = f"{PREFIX}/{check_name(name)}/{path.name}"
+def upload_dataset(store: Store, path: Path, name: str,
+                   pipeline: str = DEFAULT_PIPELINE) -> tuple[dict[str, Any], bool]:
+    """Put a checked file at datasets/[<pipeline>/]<name>/<file name>; returns its record and whether bytes
+    were sent. The same bytes already there are not sent again (same version, same event id)."""
+    if pipeline not in PIPELINES:
+        raise ValueError(f"pipeline {pipeline!r}: one of {', '.join(PIPELINES)} (the eagle3-pipeline deployments "
+                         "with a dataset trigger)")
+    key = dataset_key(pipeline, check_name(name), path.name)
     before = store.stat(key)
     if before is not None and before["etag"] == md5_file(path):
         return dataset_record(store, key, before), False
@@ -175,7 +214,8 @@ def upload_dataset(store: Store, path: Path, name: str) -> tuple[dict[str, Any],
 
 
 def event_for(store: Store, record: dict[str, Any]) -> dict[str, Any]:
-    return dataset_event(record["uri"], record["name"], record["version"], record["size"], store.uri)
+    return dataset_event(record["uri"], record["name"], record["version"], record["size"], store.uri,
+                         pipeline=record["pipeline"])
 
 
 # --- the sensor ---------------------------------------------------------------------------------------
@@ -216,7 +256,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
         print(f"eaglenest dataset upload: {NO_API}\nnothing was uploaded.", file=sys.stderr)
         return 2
     store = open_store(args.store)
-    record, sent = upload_dataset(store, path, args.name)
+    record, sent = upload_dataset(store, path, args.name, args.pipeline)
     what = "uploaded" if sent else "already in the store (same bytes, not sent again)"
     print(f"{record['uri']}: {what}; {rows} prompts, {record['size']} bytes, version {record['version']}")
     event = event_for(store, record)
@@ -231,7 +271,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
               "dataset-sensor announce it", file=sys.stderr)
         return 1
     if new:
-        print(f"event {EVENT} {event['id']} sent to {api_url}: eagle3-pipeline starts a run")
+        print(f"event {EVENT} {event['id']} sent to {api_url}: eagle3-pipeline/{record['pipeline']} starts a run")
     else:
         print(f"event {event['id']} was announced before: this version already started its run; no second one")
     return 0
@@ -243,7 +283,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not records:
         print(f"no datasets under {store.uri}/{PREFIX}/")
     for r in records:
-        print(f"{r['name']:24s} {r['file']:28s} {r['size']:>12d} B  {r['version']}  {r['uri']}")
+        print(f"{r['pipeline']:8s} {r['name']:24s} {r['file']:28s} {r['size']:>12d} B  {r['version']}  {r['uri']}")
     return 0
 
 
@@ -253,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("upload", help="check a JSONL/parquet prompt file, put it under datasets/, emit the event")
     up.add_argument("file", help="a local .jsonl or .parquet prompt dataset")
     up.add_argument("--name", required=True, help="dataset name: the object goes to datasets/<name>/<file name>")
+    up.add_argument("--pipeline", default=DEFAULT_PIPELINE, choices=PIPELINES,
+                    help=f"which eagle3-pipeline deployment trains on it (default {DEFAULT_PIPELINE}); "
+                         "the object goes to datasets/<pipeline>/<name>/ for any but the default")
     up.add_argument("--no-event", action="store_true", help="upload only; the dataset-sensor announces it later")
     ls = sub.add_parser("list", help="datasets in the store with size and version")
     for p in (up, ls):

@@ -47,7 +47,7 @@ def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[s
 def print_summary(s: dict[str, Any]) -> None:
     pos = ", ".join(f"{p:.2f}" for p in s["per_position_acceptance"])
     print(f"\n== eaglenest demo: {s['target']} ==")
-    print(f"acceptance length τ (k={s['num_steps']}, held-out MT-bench): {s['acceptance_length']:.2f}"
+    print(f"acceptance length τ (k={s['num_steps']}, held-out MT-bench): {s['acceptance_length']:.3f}"
           f"   untrained draft: {s['acceptance_length_random_draft']:.2f}")
     print(f"per-position acceptance: [{pos}]")
     for name, r in s["steps"].items():

@@ -4,7 +4,8 @@
 
 MinIO's webhook target POSTs one S3-style notification per created object (`{"EventName", "Key",
 "Records": [{"eventName", "s3": {"bucket": {"name"}, "object": {"key", "size", "eTag"}}}]}`, the
-object key URL-encoded). For every record that names an object at `datasets/<name>/<file name>`
+object key URL-encoded). For every record that names a dataset object (`datasets/<name>/<file name>`, or
+`datasets/<pipeline>/<name>/<file name>`: `flows/dataset_trigger.py` says which pipeline trains on it)
 under the store root, this service builds the event with `flows.dataset_trigger.dataset_event` — the same
 builder the `eaglenest dataset upload` CLI and the `dataset-sensor` flow use, so the same object
 version gets the same event id and Prefect starts one run — and sends it with
@@ -31,13 +32,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote_plus
 
-from flows.dataset_trigger import announce, dataset_event
+from flows.dataset_trigger import PREFIX, announce, dataset_event, parse_key
 from steps.store import Store, open_store
 
 log = logging.getLogger("eaglenest.minio_adapter")
 
-#: ARCHITECTURE.md "Dataset event": objects live at `datasets/<name>/<file name>` under the store root.
-DATASETS_DIR = "datasets"
 #: MinIO's event names for a new object version (Put, Post, Copy, CompleteMultipartUpload).
 CREATED_PREFIX = "s3:ObjectCreated:"
 #: a notification is a few KB; anything far larger is not one.
@@ -47,7 +46,8 @@ MAX_BODY_BYTES = 1 << 20
 # --- notification → events (pure) ---------------------------------------------------------------------
 
 def dataset_key(store: Store, bucket: str, object_key: str) -> str | None:
-    """The key under the store root if the object is `datasets/<name>/<file>` in the store's bucket, else None."""
+    """The key under the store root if the object is a dataset (`datasets/[<pipeline>/]<name>/<file>`) in the
+    store's bucket, else None."""
     store_bucket, _, prefix = store.uri.removeprefix("s3://").partition("/")
     if bucket != store_bucket:
         return None
@@ -56,10 +56,7 @@ def dataset_key(store: Store, bucket: str, object_key: str) -> str | None:
         if not key.startswith(prefix + "/"):
             return None
         key = key[len(prefix) + 1:]
-    parts = key.split("/")
-    if len(parts) != 3 or parts[0] != DATASETS_DIR or not parts[1] or not parts[2]:
-        return None
-    return key
+    return key if parse_key(key) else None
 
 
 def events_from_notification(notification: dict[str, Any], store: Store) -> list[dict[str, Any]]:
@@ -73,14 +70,15 @@ def events_from_notification(notification: dict[str, Any], store: Store) -> list
         key = dataset_key(store, bucket, obj.get("key", "")) if name.startswith(CREATED_PREFIX) else None
         if key is None:
             log.info("ignored %s on %s/%s: not a new object under %s/%s/<name>/", name or "?", bucket,
-                     obj.get("key"), store.uri, DATASETS_DIR)
+                     obj.get("key"), store.uri, PREFIX)
             continue
         version = str(obj.get("eTag", "")).strip('"')  # S3 quotes ETags in headers; MinIO's records do not
         if not version:
             raise ValueError(f"MinIO record for s3://{bucket}/{key}: field s3.object.eTag is missing; "
                              "the event id needs the object version")
-        events.append(dataset_event(store.object_uri(key), key.split("/")[1], version, int(obj.get("size", 0)),
-                                    store.uri))
+        pipeline, dataset, _ = parse_key(key)
+        events.append(dataset_event(store.object_uri(key), dataset, version, int(obj.get("size", 0)), store.uri,
+                                    pipeline=pipeline))
     return events
 
 
@@ -164,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="require `Authorization: Bearer TOKEN` (MinIO's webhook auth_token); default: "
                         "$EAGLENEST_ADAPTER_TOKEN")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # force: importing Prefect already configured the root logger (WARNING), which would drop every line here
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
     missing = [flag for flag, value in (("--store", args.store), ("--api-url", args.api_url)) if not value]
     if missing:
         print(f"minio_adapter: {' and '.join(missing)} not given and not in the environment "
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"minio_adapter: {err}", file=sys.stderr)
         return 2
     log.info("listening on http://%s:%d for notifications on %s/%s/, events to %s", *server.server_address[:2],
-             server.store.uri, DATASETS_DIR, args.api_url)
+             server.store.uri, PREFIX, args.api_url)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -3,7 +3,7 @@
     target ─► datagen ─► extract ─► mapping ─► train ─► export ─► verify ─► serve ─► benchmark ─► gate
 
 `mode="local"` runs each step in this process; `mode="deployments"` starts each step as its own
-deployment (`<step>/<pool>`, its own container on the pool of its hardware class on a cluster) with
+deployment (`<step>/<step>-<pool>`, its own container on the pool of its hardware class on a cluster) with
 `run_deployment`. Either way each step call is a task with a persisted result and a cache policy
 scoped to this flow run, so retrying a failed run re-runs only the failed step and those after it;
 the earlier ones show as Cached. Prefect does not fail a parent when a child run fails: `call_step`
@@ -31,9 +31,9 @@ from prefect.states import Completed, Failed, State
 
 from flows import ui
 from flows.gate import current_flow_run_id, promote_in_transaction
+from flows.reuse import remember, resolve
 from flows.step_flows import STEPS, run_step_reporting
 from steps.config import PipelineConfig, find_config, load_config
-from steps.gate import DIAGNOSED
 from steps.store import open_store, store_uri_for
 
 __all__ = ["STEPS", "StepRunFailed", "eagle3_pipeline", "call_step"]
@@ -45,17 +45,35 @@ class StepRunFailed(RuntimeError):
 
 @task(name="step", task_run_name="{label}", persist_result=True, cache_policy=INPUTS + TASK_SOURCE + RUN_ID)
 def call_step(label: str, step: str, config: str, overrides: list[str], store: str | None, inputs: dict[str, str],
-              options: dict[str, Any], mode: str, pool: str) -> dict[str, Any]:
-    """Run one step in-process or as the deployment `<step>/<pool>`; its record either way.
+              options: dict[str, Any], mode: str, pool: str, reuse: bool = True) -> dict[str, Any]:
+    """Run one step in-process or as the deployment `<step>/<step>-<pool>`; its record either way. A call
+    whose artifact is already stored is answered from the store's call index without a child run
+    (`flows/reuse.py`; `reuse=False` or a second call under another label always runs).
 
     `label` names the call ("serve", "serve-retry"): part of the cache key, so a deliberate second
     call of a step in the same run is not served from the first one's cache.
     """
+    cfg = load_config(find_config(config), overrides)
+    st = open_store(store_uri_for(store, cfg.store))
+    hit, key = resolve(st, step, cfg.model_dump(mode="json"), inputs, options) if label == step else (None, None)
+    if hit is not None and reuse:
+        get_run_logger().info("%s: reused %s (no %s run)", step, hit["uri"],
+                              "step" if mode == "local" else "child")
+        return hit
+    record = _run_call(step, config, overrides, store, inputs, options, mode, pool)
+    if key is not None:
+        remember(st, key, record)
+    return record
+
+
+def _run_call(step: str, config: str, overrides: list[str], store: str | None, inputs: dict[str, str],
+              options: dict[str, Any], mode: str, pool: str) -> dict[str, Any]:
     if mode == "local":
         return run_step_reporting(step, config, overrides, store, inputs, options)
-    name = f"{step}/{pool}"
+    name = f"{step}/{step}-{pool}"   # deploy/prefect.yaml: `<step>-<local|docker|k8s>` under each step flow
+    # poll the child every second (the default 5 s is up to 5 s lost per step)
     child = run_deployment(name, parameters={"config": config, "overrides": overrides, "store": store,
-                                             "inputs": inputs, "options": options})
+                                             "inputs": inputs, "options": options}, poll_interval=1)
     if not child.state or not child.state.is_completed():
         state = child.state.type.value if child.state else "unknown"
         raise StepRunFailed(f"{name}: flow run {child.name} ended {state}: "
@@ -63,25 +81,45 @@ def call_step(label: str, step: str, config: str, overrides: list[str], store: s
     return child.state.result()
 
 
+def run_name() -> str:
+    """A triggered run is named after its dataset (`support-chats/prompts.jsonl on tiny`); any other keeps
+    the name Prefect gave it."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    dataset, config = params.get("dataset"), str(params.get("config") or "")
+    if not dataset:
+        return flow_run.name
+    name = "/".join(dataset.rstrip("/").split("/")[-2:])
+    return f"{name} on {config.rsplit('/', 1)[-1].removesuffix('.yaml')}"
+
+
 def dataset_overrides(dataset: str | None) -> list[str]:
     """An uploaded dataset file replaces the config's prompt sources."""
     return [] if not dataset else [f'dataset.sources=[{{kind: file, path: "{dataset}"}}]']
 
 
-@flow(name="eagle3-pipeline", log_prints=True, persist_result=True)
+@flow(name="eagle3-pipeline", log_prints=True, persist_result=True, flow_run_name=run_name)
 def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | None = None, store: str | None = None,
                     mode: Literal["local", "deployments"] = "local", pool: str = "local", dataset: str | None = None,
                     spec_url: str | None = None, baseline_url: str | None = None,
-                    through: Literal["verify", "gate"] = "gate") -> dict[str, dict[str, Any]] | State:
+                    through: Literal["verify", "gate"] = "gate",
+                    reuse: bool = True) -> dict[str, dict[str, Any]] | State:
     """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record
-    (through the gate: as the data of a final state named after the verdict)."""
+    (through the gate: as the data of a final state named after the verdict). `reuse=False`: every step
+    as its own run even when its artifact is stored (`flows/reuse.py`)."""
     overrides = list(overrides or []) + dataset_overrides(dataset)
     cfg = load_config(find_config(config), overrides)
     store_uri = store_uri_for(store, cfg.store)
     done: dict[str, dict[str, Any]] = {}
 
     def step(name: str, key: str | None = None, options: dict[str, Any] | None = None, **inputs: str) -> str:
-        record = call_step(key or name, name, config, overrides, store_uri, inputs, options or {}, mode, pool)
+        # a gate over a measurement answered from the store reads only the store (no server to examine):
+        # decided in this process rather than in a child run of its own
+        stored = any(r["id"] == inputs.get("benchmark") and r.get("reused") for r in done.values())
+        call_mode = "local" if name == "gate" and stored else mode
+        record = call_step(key or name, name, config, overrides, store_uri, inputs, options or {}, call_mode, pool,
+                           reuse)
         done[key or name] = record
         return record["id"]
 
@@ -110,7 +148,7 @@ def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: 
     step("gate", options={"spec_url": spec_url}, export=export, target=target, benchmark=bench)
     decision = done["gate"]["meta"]
     fix = decision.get("fix")
-    if decision["verdict"] in DIAGNOSED and fix and fix["applicable"]:
+    if fix and fix["applicable"] and decision["verdict"] in _diagnosed():
         get_run_logger().warning("%s, %s: %s; retrying serve + benchmark once", decision["verdict"], fix["row"],
                                  fix["how"])
         step("serve", key="serve-retry", export=export, target=target)
@@ -118,6 +156,12 @@ def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: 
         step("gate", key="gate-retry", options={"spec_url": spec_url}, export=export, target=target, benchmark=bench)
         decision = {**done["gate-retry"]["meta"], "retried_for": fix}
     return decision
+
+
+def _diagnosed() -> tuple[str, ...]:
+    from steps.gate import DIAGNOSED  # steps.gate imports torch: only on the rare path of a known fix
+
+    return DIAGNOSED
 
 
 def launch_command(cfg: PipelineConfig, config: str, store: Any, export_id: str, target_id: str) -> str:

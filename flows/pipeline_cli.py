@@ -1,7 +1,7 @@
 """`eaglenest pipeline`: run the eagle3-pipeline flow from this shell and print each step's artifact.
 
 `--mode local` (default) runs every step in this process; `--mode deployments` starts each step as the
-deployment `<step>/<pool>` (needs a Prefect server with workers: `eaglenest stack up`).
+deployment `<step>/<step>-<pool>` (needs a Prefect server with workers: `eaglenest stack up`).
 """
 
 from __future__ import annotations

@@ -12,13 +12,14 @@ Long steps report progress through `steps/progress.py`; here it becomes a progre
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.ui import ProgressArtifacts
+from flows.ui import ProgressArtifacts, step_artifacts
 from steps import progress
 from steps.config import find_config, load_config
 from steps.registry import DEFAULT_CONFIG
@@ -36,6 +37,16 @@ HARDWARE: dict[str, str] = {s.name: s.hardware for s in REGISTRY.values()}
 def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
              inputs: dict[str, str], options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Load the config, open the store, call `steps.<step>.run(cfg, store, *inputs, **options)`."""
+    cfg, store = _open(config, overrides, store_uri)
+    return _run(step, cfg, store, inputs, options)
+
+
+def _open(config: str, overrides: list[str] | None, store_uri: str | None) -> tuple[Any, Any]:
+    cfg = load_config(find_config(config), overrides)
+    return cfg, open_store(store_uri_for(store_uri, cfg.store))
+
+
+def _run(step: str, cfg: Any, store: Any, inputs: dict[str, str], options: dict[str, Any] | None) -> dict[str, Any]:
     module_name, input_names, option_names = STEPS[step]
     missing = [n for n in input_names if n not in inputs]
     if missing:
@@ -43,8 +54,6 @@ def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str
     unknown = sorted(set(options or {}) - set(option_names))
     if unknown:
         raise ValueError(f"step {step!r} takes options {list(option_names)}; got unknown {unknown}")
-    cfg = load_config(find_config(config), overrides)
-    store = open_store(store_uri_for(store_uri, cfg.store))
     module = importlib.import_module(module_name)
     start = time.perf_counter()
     manifest = module.run(cfg, store, *(inputs[n] for n in input_names),
@@ -56,14 +65,40 @@ def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str
 
 def run_step_reporting(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
                        inputs: dict[str, str], options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`run_step` with its progress shown as Prefect progress artifacts and its result logged; every log line
-    (the step's and Prefect's, sent to the API) without URL credentials."""
+    """`run_step` with its progress shown as Prefect progress artifacts (and log lines), its result logged
+    and published as the step run's own artifacts; every log line (the step's and Prefect's, sent to the API)
+    without URL credentials."""
     for name in ("", "prefect"):
         install_log_redaction(logging.getLogger(name))
-    with progress.listening(ProgressArtifacts(step)):
-        record = run_step(step, config, overrides, store_uri, inputs, options)
-    get_run_logger().info("%s → %s (%.1f s)", step, record["uri"], record["seconds"])
+    logger = get_run_logger()
+    cfg, store = _open(config, overrides, store_uri)
+    logger.info("%s: started (%s)", step, ", ".join(f"{k} {v}" for k, v in inputs.items()) or "no inputs")
+    with progress.listening(ProgressArtifacts(step, log=logger.info)):
+        record = _run(step, cfg, store, inputs, options)
+    logger.info("%s → %s (%.1f s)", step, record["uri"], record["seconds"])
+    try:
+        step_artifacts(step, record, cfg.name, plot_png=_file_bytes(store, record, PLOTS.get(step)),
+                       train_log=_train_log(store, record) if step == "train" else None)
+    except Exception as err:  # noqa: BLE001 — the artifact is stored; a UI hiccup must not fail the step
+        logger.warning("%s: could not publish its artifacts: %s", step, err)
     return record
+
+
+#: step → the image its artifact holds, shown on the step's run
+PLOTS = {"benchmark": "benchmark.png"}
+
+
+def _file_bytes(store: Any, record: dict[str, Any], rel: str | None) -> bytes | None:
+    if rel is None or rel not in {f["path"] for f in store.manifest(record["kind"], record["id"]).files}:
+        return None
+    return store.fetch_file(record["kind"], record["id"], rel).read_bytes()
+
+
+def _train_log(store: Any, record: dict[str, Any]) -> list[dict[str, Any]] | None:
+    from steps.artifacts import DRAFT_LOG_FILE  # steps.artifacts imports torch: only once train ran
+
+    raw = _file_bytes(store, record, DRAFT_LOG_FILE)
+    return [json.loads(line) for line in raw.decode().splitlines() if line.strip()] if raw else None
 
 
 def _step_flow(step: str):

@@ -1,6 +1,10 @@
 """What the Prefect UI shows of a pipeline run: progress, a metrics table, and the run report.
 
-- progress artifacts for long steps (datagen, extract, train), fed by `steps/progress.py`;
+- progress artifacts for long steps (datagen, extract, train), fed by `steps/progress.py`: keyed by step
+  (`train-progress`), a text bar, ETA and the step's postfix (train's loss); the same line in the log every
+  10% (the worker log has no terminal for tqdm to draw on);
+- on every step run, its own small artifacts (`step_artifacts`): its metrics table; the benchmark's plot
+  on the benchmark run; train's loss (and τ_sim when train_log.jsonl has it) curve on the train run;
 - a table artifact with one row per step (artifact, seconds, headline metrics);
 - a markdown run report: the lineage from dataset to drafter (artifact ids and URIs), the gate's
   decision with its reasons, the doctor's findings when acceptance was zero, the server start
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Callable
 from typing import Any
 
 from prefect.artifacts import (
@@ -22,6 +27,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from steps.progress import Update, clock
 from steps.secrets import redact, redact_text
 
 #: headline metrics shown per step in the table (the rest stays in the manifest).
@@ -35,19 +41,99 @@ def artifact_key(kind: str, config_name: str) -> str:
 
 
 class ProgressArtifacts:
-    """A `steps.progress` listener: one progress artifact per bar, updated in place."""
+    """A `steps.progress` listener: one progress artifact per bar, keyed by step and bar (not a UUID),
+    updated in place; a plain log line at every 10% (and the end) through `log`."""
 
-    def __init__(self, step: str):
-        self.step = step
+    def __init__(self, step: str, log: Callable[[str], None] | None = None):
+        self.step, self.log = step, log
         self.ids: dict[str, Any] = {}
+        self.logged: dict[str, int] = {}
 
-    def __call__(self, desc: str, done: float, total: float, unit: str) -> None:
-        percent = 100.0 * min(1.0, done / total) if total else 100.0
-        text = f"{desc}: {done:,.0f} / {total:,.0f} {unit}"
-        if desc not in self.ids:
-            self.ids[desc] = create_progress_artifact(percent, description=text)
+    def __call__(self, update: Update) -> None:
+        percent = 100.0 * update.fraction
+        text = progress_markdown(self.step, update)
+        if update.desc not in self.ids:
+            key = artifact_key("progress", self.step if update.desc == self.step else f"{self.step}-{update.desc}")
+            self.ids[update.desc] = create_progress_artifact(percent, key=key, description=text)
         else:
-            update_progress_artifact(self.ids[desc], percent, description=text)
+            update_progress_artifact(self.ids[update.desc], percent, description=text)
+        decile = int(percent // 10)
+        if self.log and decile > self.logged.get(update.desc, -1):
+            self.logged[update.desc] = decile
+            self.log(update.line())
+
+
+def progress_markdown(step: str, update: Update, width: int = 20) -> str:
+    """`**train** `████████░░░░` 45% · 45/100 step · ETA 0:15 · loss 2.345`"""
+    filled = int(round(width * update.fraction))
+    eta = update.eta_s
+    parts = [f"**{step}** `{'█' * filled}{'░' * (width - filled)}` {100 * update.fraction:.0f}%",
+             f"{update.done:,.0f}/{update.total:,.0f} {update.unit}", f"{clock(update.elapsed_s)} elapsed",
+             f"ETA {clock(eta) if eta is not None else '?'}", *[f"{k} {v}" for k, v in update.postfix_items()]]
+    return " · ".join(parts)
+
+
+# --- a step run's own artifacts -------------------------------------------------------------------------
+
+def step_artifacts(step: str, record: dict[str, Any], config_name: str, *, plot_png: bytes | None = None,
+                   train_log: list[dict[str, Any]] | None = None) -> list[str]:
+    """Publish a step run's artifacts: its metrics (every scalar of the manifest), the benchmark plot, the
+    training curves. Returns the keys published."""
+    key = artifact_key(f"{step}-metrics", config_name)
+    rows = [{"metric": k, "value": _fmt(v)} for k, v in record["metrics"].items() if _scalar(v)]
+    rows.append({"metric": "seconds", "value": record["seconds"]})
+    create_table_artifact(redact(rows), key=key,
+                          description=redact_text(f"`{step}` → `{record['kind']}/{record['id']}` ({record['uri']})"))
+    keys = [key]
+    if plot_png:
+        keys.append(artifact_key(f"{step}-plot", config_name))
+        create_markdown_artifact(f"# {step} `{record['id']}`\n\n![{step}]({png_uri(plot_png)})\n", key=keys[-1],
+                                 description=f"{step}: τ, throughput and latency, speculative vs baseline")
+    if train_log:
+        keys.append(artifact_key(f"{step}-curves", config_name))
+        create_markdown_artifact(training_curves(train_log, record["id"]), key=keys[-1],
+                                 description="training loss (and simulated τ) per optimizer step")
+    return keys
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) or value is None
+
+
+def png_uri(png: bytes) -> str:
+    return f"data:image/png;base64,{base64.b64encode(png).decode()}"
+
+
+def training_curves(log: list[dict[str, Any]], draft_id: str) -> str:
+    """Markdown with an inline SVG line chart per series of train_log.jsonl: `loss`, and `tau_sim` when
+    the log has it (steps without a value are skipped)."""
+    lines = [f"# train `{draft_id}`: {len(log)} steps", ""]
+    for name, label in (("loss", "loss"), ("tau_sim", "τ_sim (simulated acceptance length)")):
+        points = [(float(r["step"]), float(r[name])) for r in log
+                  if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)]
+        if points:
+            first, last = points[0][1], points[-1][1]
+            lines += [f"## {label}: {first:.3f} → {last:.3f}", "", f"![{name}]({svg_uri(line_chart(points))})", ""]
+    return "\n".join(lines)
+
+
+def line_chart(points: list[tuple[float, float]], width: int = 480, height: int = 160, pad: int = 28) -> str:
+    """A dependency-free SVG polyline with its y range labelled (enough to see a loss go down)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    sx = (width - 2 * pad) / ((x1 - x0) or 1.0)
+    sy = (height - 2 * pad) / ((y1 - y0) or 1.0)
+    path = " ".join(f"{pad + (x - x0) * sx:.1f},{height - pad - (y - y0) * sy:.1f}" for x, y in points)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-size="11" '
+            f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>'
+            f'<polyline fill="none" stroke="#2563eb" stroke-width="1.5" points="{path}"/>'
+            f'<text x="2" y="{pad}">{y1:.3g}</text><text x="2" y="{height - pad}">{y0:.3g}</text>'
+            f'<text x="{pad}" y="{height - 6}">step {x0:.0f}</text>'
+            f'<text x="{width - pad}" y="{height - 6}" text-anchor="end">{x1:.0f}</text></svg>')
+
+
+def svg_uri(svg: str) -> str:
+    return f"data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()}"
 
 
 def metrics_table(records: dict[str, dict[str, Any]], config_name: str) -> None:
@@ -61,7 +147,8 @@ def metrics_table(records: dict[str, dict[str, Any]], config_name: str) -> None:
 
 
 def _fmt(v: Any) -> Any:
-    return round(v, 4) if isinstance(v, float) else v
+    # τ, speedup, loss: three decimals everywhere a user reads them (1.338, not 1.338095238095238)
+    return round(v, 3) if isinstance(v, float) else v
 
 
 def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, export_uri: str,
@@ -127,7 +214,7 @@ def run_report(config_name: str, records: dict[str, dict[str, Any]], *, dataset:
         lines += ["", "## Server starts", "", "| CUDA graphs | outcome | seconds |", "|---|---|---|"]
         lines += [f"| {a.get('cuda_graph')} | {_cell(str(a.get('outcome')))} | {a.get('seconds')} |" for a in attempts]
     if plot_png:
-        lines += ["", "## Benchmark", "", f"![benchmark](data:image/png;base64,{base64.b64encode(plot_png).decode()})"]
+        lines += ["", "## Benchmark", "", f"![benchmark]({png_uri(plot_png)})"]
     return "\n".join(lines) + "\n"
 
 

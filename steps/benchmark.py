@@ -37,6 +37,7 @@ from steps.artifacts import load_tokenizer
 from steps.config import BenchmarkConfig, PipelineConfig, config_dict
 from steps.launch import get_json, post_json
 from steps.metrics import AcceptStats, acceptance_length_from_requests
+from steps.processes import forwarding_signals
 from steps.prompts import chat_token_ids, held_out_prompts, load_humaneval
 from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id, utc_now
@@ -163,21 +164,26 @@ def servers(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *
         futures = {name: pool.submit(serving.start, cfg, store, export_id, target_id, baseline=base, port=p)
                    for name, (url, base, p) in wanted.items() if url is None}
     started, errors = {}, []
+
+    def stop_all() -> None:
+        for _, server in started.values():
+            server.stop()
+
     for name, future in futures.items():
         try:
             started[name] = future.result()
         except Exception as err:  # noqa: BLE001 — stop the other server before re-raising
             errors.append(err)
     if errors:
-        for _, server in started.values():
-            server.stop()
+        stop_all()
         raise errors[0]
     try:
-        urls = {name: url or started[name][1].base_url for name, (url, _, _) in wanted.items()}
-        yield urls["baseline"], urls["speculative"], {name: m.id for name, (m, _) in started.items()}
+        # a cancelled run (SIGTERM) must not leave the servers, each in its own session, running
+        with forwarding_signals(stop_all):
+            urls = {name: url or started[name][1].base_url for name, (url, _, _) in wanted.items()}
+            yield urls["baseline"], urls["speculative"], {name: m.id for name, (m, _) in started.items()}
     finally:
-        for _, server in started.values():
-            server.stop()
+        stop_all()
 
 
 def server_facts(base_url: str) -> dict[str, Any]:
@@ -223,7 +229,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"Engine `{sp['version']}`, {sp['speculative_algorithm']} steps={sp['speculative_num_steps']} "
              f"topk={sp['speculative_eagle_topk']} draft tokens={sp['speculative_num_draft_tokens']}; "
              f"hardware: {report['hardware']['gpu'] or report['hardware']['cpu']}.", "",
-             f"**Live τ {m.get('tau', 0):.2f}** (client-side over finished requests), "
+             f"**Live τ {m.get('tau', 0):.3f}** (client-side over finished requests), "
              f"**speedup {m.get('speedup', 0):.2f}×** at batch {report['settings']['batch_sizes'][0]}.", "",
              "| temperature | batch | baseline tok/s | speculative tok/s | speedup | live τ |",
              "|---|---|---|---|---|---|"]
@@ -235,7 +241,7 @@ def markdown(report: dict[str, Any]) -> str:
         for batch, b in r["baseline"]["batches"].items():
             s = r["speculative"]["batches"][batch]
             lines.append(f"| {temp} | {batch} | {b['tokens_per_s']:.1f} | {s['tokens_per_s']:.1f} | "
-                         f"{s['tokens_per_s'] / b['tokens_per_s']:.2f} | {tau:.2f} |")
+                         f"{s['tokens_per_s'] / b['tokens_per_s']:.2f} | {tau:.3f} |")
     pos = ", ".join(f"{p:.2f}" for p in m.get("per_position_acceptance", []))
     lines += ["", f"Per-position acceptance: {pos}", "",
               f"TTFT {_ms(m.get('spec_ttft_s'))}; time between streamed chunks {_ms(m.get('spec_itl_s'))} "
@@ -273,7 +279,7 @@ def plot(report: dict[str, Any], path: Any) -> None:
     ax2.set_xlabel("draft position")
     ax2.set_ylabel("P(accepted)")
     ax2.set_ylim(0, 1)
-    fig.suptitle(f"live τ = {report['metrics'].get('tau', 0):.2f}")
+    fig.suptitle(f"live τ = {report['metrics'].get('tau', 0):.3f}")
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)

@@ -3,7 +3,9 @@
 Reads: a launch argv (built by `steps.serve`); writes: the server's log (stdout + stderr) and a record
 of every start attempt `{command, cuda_graph, outcome, seconds, log}`. Prevents F6 going unnoticed:
 a CUDA graph capture hang at startup becomes a deadline, one retry with CUDA graphs off, and both
-attempts recorded. Also the small JSON-over-HTTP client the serve, benchmark and doctor steps share.
+attempts recorded. The process machinery (own process group, stop, health wait, signal forwarding) is
+`steps/processes.py`, shared with the local Prefect stack. Also the small JSON-over-HTTP client the
+serve, benchmark and doctor steps share.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import base64
 import json
 import os
 import shlex
-import signal
 import subprocess
 import time
 import urllib.error
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steps.processes import http_status, spawn, stop_process, wait_until
 from steps.secrets import redact_text
 
 #: seconds between health polls.
@@ -57,7 +59,7 @@ class Server:
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
         """SIGTERM the process group, SIGKILL it after `grace_s`; returns the exit code."""
-        return stop_process_group(self.process, grace_s)
+        return stop_process(self.process, grace_s)
 
     def __enter__(self) -> Server:
         return self
@@ -66,35 +68,9 @@ class Server:
         self.stop()
 
 
-def stop_process_group(process: subprocess.Popen, grace_s: float) -> int:
-    """SIGTERM the group, wait up to `grace_s` for the leader, then SIGKILL whatever is left."""
-    if process.poll() is None:
-        _signal_group(process, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    # SIGKILL the group even after the leader exited: SGLang's scheduler/detokenizer children may linger
-    _signal_group(process, signal.SIGKILL)
-    return process.wait()
-
-
-def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
-    try:
-        os.killpg(process.pid, sig)  # the group id is the leader's pid (start_new_session=True)
-    except ProcessLookupError:
-        pass
-
-
 def health_status(url: str, timeout_s: float = HEALTH_REQUEST_TIMEOUT_S) -> int | None:
     """HTTP status of one GET, None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except (urllib.error.URLError, OSError):
-        return None
+    return http_status(url, timeout_s)
 
 
 def launch(cmd: Sequence[str], *, log_path: str | Path, health_url: str, timeout_s: float,
@@ -104,20 +80,20 @@ def launch(cmd: Sequence[str], *, log_path: str | Path, health_url: str, timeout
     stdout and stderr go to `log_path` (appended); `env` adds variables to this process's environment.
     """
     log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **(env or {})}, start_new_session=True)
-    deadline = started + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServerStartError(f"server exited with code {process.returncode} before {health_url} "
-                                   f"answered; see {log_path}", [])
-        if health_status(health_url, min(HEALTH_REQUEST_TIMEOUT_S, max(0.1, deadline - time.monotonic()))) == 200:
-            return Server(process, list(cmd), log_path, health_url)
-        time.sleep(HEALTH_POLL_INTERVAL_S)
-    stop_process_group(process, grace_s=5.0)
+    process = spawn(cmd, log_path=log_path, env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + timeout_s
+
+    def healthy() -> bool:
+        return health_status(health_url, min(HEALTH_REQUEST_TIMEOUT_S, max(0.1, deadline - time.monotonic()))) == 200
+
+    outcome = wait_until(healthy, timeout_s=timeout_s, alive=lambda: process.poll() is None,
+                         interval_s=HEALTH_POLL_INTERVAL_S)
+    if outcome == "ready":
+        return Server(process, list(cmd), log_path, health_url)
+    if outcome == "exited":
+        raise ServerStartError(f"server exited with code {process.returncode} before {health_url} "
+                               f"answered; see {log_path}", [])
+    stop_process(process, grace_s=5.0)
     raise ServerStartError(f"{health_url} not healthy after {timeout_s:.0f} s (a CUDA graph capture hang "
                            f"looks like this, F6); process group killed; see {log_path}", [])
 

@@ -4,6 +4,8 @@ Steps never import Prefect, yet the Prefect UI should show their progress. So a 
 progress here, once; a terminal gets a tqdm bar, and whoever orchestrates the step (flows/) may
 register a listener that turns the same numbers into a progress artifact. Listeners are throttled
 (at most one call per `min_interval_s`, plus the final one) so a fast loop never floods an API.
+A listener gets an `Update`: the numbers, the elapsed time, the ETA and the bar's postfix (train's loss),
+and `Update.line()`, the plain one-line form for logs where no terminal draws the bar.
 
     with progress.bar(total=n, desc="extract", unit="tok") as bar:
         for batch in ...:
@@ -16,9 +18,52 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
-#: listener(desc, done, total, unit) — called from the step's thread.
-Listener = Callable[[str, float, float, str], None]
+
+@dataclass(frozen=True)
+class Update:
+    """One progress report: `done` of `total` `unit`s of `desc`, `initial` of them from before a resume."""
+    desc: str
+    done: float
+    total: float
+    unit: str
+    elapsed_s: float = 0.0
+    initial: float = 0.0
+    postfix: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.done / self.total) if self.total else 1.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at this run's rate so far (work resumed from a checkpoint does not count); None
+        before any work was timed."""
+        rate = (self.done - self.initial) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return max(0.0, (self.total - self.done) / rate) if rate > 0 else None
+
+    def postfix_items(self) -> list[tuple[str, str]]:
+        """The postfix as text, floats with three decimals (an accuracy of 0.123456789 reads 0.123)."""
+        return [(k, f"{v:.3f}" if isinstance(v, float) else str(v)) for k, v in self.postfix.items()]
+
+    def line(self) -> str:
+        """`train: 45/100 step (45%), 0:12 elapsed, ETA 0:15, loss=2.345`"""
+        eta = self.eta_s
+        extra = "".join(f", {k}={v}" for k, v in self.postfix_items())
+        return (f"{self.desc}: {self.done:,.0f}/{self.total:,.0f} {self.unit} ({100 * self.fraction:.0f}%), "
+                f"{clock(self.elapsed_s)} elapsed, ETA {clock(eta) if eta is not None else '?'}{extra}")
+
+
+def clock(seconds: float) -> str:
+    """`1:02:03`, `2:03`: a duration as a terminal bar prints it."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+#: listener(update) — called from the step's thread.
+Listener = Callable[[Update], None]
 
 _listeners: list[Listener] = []
 
@@ -50,6 +95,7 @@ class Bar:
         from tqdm import tqdm
 
         self.total, self.desc, self.unit, self.n = float(total), desc, unit, float(initial)
+        self.initial, self.postfix, self._started = float(initial), {}, time.monotonic()
         self.min_interval_s, self._last = min_interval_s, 0.0
         self._tqdm = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, disable=disable)
         self._notify(force=True)
@@ -60,6 +106,7 @@ class Bar:
         self._notify(force=self.n >= self.total)
 
     def set_postfix(self, **kwargs: object) -> None:
+        self.postfix = dict(kwargs)
         self._tqdm.set_postfix(**kwargs)
 
     def _notify(self, force: bool = False) -> None:
@@ -67,9 +114,11 @@ class Bar:
         if not force and now - self._last < self.min_interval_s:
             return
         self._last = now
+        update = Update(self.desc, self.n, self.total, self.unit, elapsed_s=now - self._started,
+                        initial=self.initial, postfix=dict(self.postfix))
         for fn in list(_listeners):
             try:
-                fn(self.desc, self.n, self.total, self.unit)
+                fn(update)
             except Exception as err:   # a UI hiccup must never fail the computation
                 print(f"progress listener failed: {err}", file=sys.stderr)
 

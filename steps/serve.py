@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -36,7 +37,7 @@ from steps.artifacts import served_export
 from steps.config import PipelineConfig
 from steps.launch import ServerStartError, launch_with_fallback
 from steps.registry import UsageError, step_main
-from steps.serving import build_sglang_command, health_url_for, preflight, start, target_config_for
+from steps.serving import LAUNCHERS, build_sglang_command, health_url_for, preflight, start, target_config_for
 from steps.store import store_uri_for
 
 
@@ -91,9 +92,11 @@ def launch_directory(cfg: PipelineConfig, args: argparse.Namespace) -> int | Non
 
 
 def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> int:
+    # `serve.engine` picks the server, as in `run`; --print-command always prints SGLang's (the serve image's)
     def command_for(disable: bool) -> list[str]:
         return build_sglang_command(cfg, target_path=args.target_path, draft_dir=args.draft, port=args.port,
-                                    disable_cuda_graph=disable or args.disable_cuda_graph)
+                                    disable_cuda_graph=disable or args.disable_cuda_graph,
+                                    launcher=LAUNCHERS[cfg.serve.engine])
 
     try:
         server = launch_with_fallback(command_for, log_dir=args.log_dir, health_url=health_url_for(cfg, args.port),
@@ -104,10 +107,19 @@ def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> in
         return 1
     print(json.dumps(server.attempts, indent=2))
     print(f"serving at {server.base_url}; Ctrl-C stops it", flush=True)
+    # SIGTERM (kill, docker stop) ends the wait like Ctrl-C: the server runs in its own session, so without
+    # this it would outlive us
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.process.wait()
     except KeyboardInterrupt:
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return server.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 

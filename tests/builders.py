@@ -55,6 +55,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cli_record(capsys, main, *argv: str) -> tuple[int, dict]:
+    """Run a step's `main(argv + --json)`; (exit code, the one JSON line it printed on stdout)."""
+    capsys.readouterr()
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, out
+    return code, json.loads(out[0])
+
+
+def record_of(store, manifest) -> dict:
+    """What `--json` must print for `manifest`: kind, id, metrics, and the URI as ARCHITECTURE.md lays it out."""
+    return {"kind": manifest.kind, "id": manifest.id, "metrics": manifest.metrics,
+            "uri": f"{store.uri.rstrip('/')}/artifacts/{manifest.kind}/{manifest.id}"}
+
 # --- targets -------------------------------------------------------------------------------------------
 
 def byte_tokenizer():

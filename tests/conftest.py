@@ -8,6 +8,8 @@ dependency errors every test that needs S3 instead of skipping it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # (a demo, the stack, another clone's tests): Prefect's home and database, Hugging Face's cache and the
 # store's scratch (extraction rounds, serve logs, downloads) live in one fresh folder per session, and a
 # store, cache or Prefect API set in the calling shell is not inherited.
+REPO = Path(__file__).resolve().parents[1]
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="eaglenest-tests-"))
 os.environ["PREFECT_HOME"] = str(SESSION_DIR / "prefect")
 os.environ["HF_HOME"] = str(SESSION_DIR / "hf")
@@ -86,21 +89,64 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: "/tests/e2e/" in str(item.path).replace(os.sep, "/"))
 
 
+def _running(pid: int) -> bool:
+    """A live process (a zombie has exited; only its parent has not reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def eaglenest(*argv: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
+    """`eaglenest ARGV` in a subprocess from the repository root (as a user types it); output captured."""
+    return subprocess.run([sys.executable, "-m", "flows.cli", *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
 @pytest.fixture(scope="session")
 def prefect_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """The session's one real Prefect stack (`prefect server start` + a process worker, `flows.stack.Stack`,
-    the same code as `eaglenest stack up`) on a free port with a temporary directory and `file://` store; no
-    UI (it only slows the start) and no scheduler (tests start the runs they need). `.api_url`, `.env` (for
-    `prefect ...` subprocesses), `.store_uri`, `.dir`. Torn down worker first, then server, even when
-    start-up fails halfway."""
+    """The session's one real Prefect stack (`prefect server start` + a process worker), started and stopped with
+    the very commands users type: `eaglenest stack up` (a free port, a temporary directory and `file://` store; no
+    UI, it only slows the start; no schedules, tests start the runs they need; the Prefect profile left alone) and
+    `eaglenest stack down`, which must exit 0 and leave neither process nor the API behind (else the session
+    ends with an error). Yields a `flows.stack.Stack` for that directory: `.api_url`, `.env` (for `prefect ...`
+    subprocesses), `.store_uri`, `.dir`, `.status()`."""
     from flows.stack import Stack
     from tests.builders import free_port
 
     root = tmp_path_factory.mktemp("prefect-stack")
     stack = Stack(dir=root / "stack", port=free_port(), store_uri=f"file://{root / 'store'}",
                   ui=False, scheduler=False)
+    up = eaglenest("stack", "up", "--dir", str(stack.dir), "--port", str(stack.port), "--store", stack.store_uri,
+                   "--no-ui", "--no-schedules", "--no-profile")
+    pids = [stack.status()[f"{name}_pid"] for name in ("server", "worker")]
     try:
-        stack.up()
+        assert up.returncode == 0 and f"Prefect API:  {stack.api_url}" in up.stdout, (up.stdout + up.stderr)[-3000:]
         yield stack
     finally:
-        stack.down()
+        down = eaglenest("stack", "down", "--dir", str(stack.dir), timeout_s=300)
+        left = [pid for pid in pids if pid and _running(pid)]
+        assert down.returncode == 0 and down.stdout.strip() == "worker stopped, server stopped", \
+            (down.stdout + down.stderr)[-2000:]
+        assert not left and not stack.status()["healthy"], f"`eaglenest stack down` left {left} running"
+
+
+#: the session's tiny target: configs/tiny.yaml with this override (enough pretraining for the loss to fall well
+#: below ln(vocab), tests/unit/test_target.py; datagen only needs a model that emits text).
+TINY_PRETRAIN = "target.tiny.pretrain_steps=150"
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory: pytest.TempPathFactory):
+    """configs/tiny.yaml's target, pretrained once per session (`TINY_PRETRAIN`) into its own `file://` store:
+    (store, manifest, seconds the build took). Tests add their artifacts to that store or copy the target out."""
+    import time
+
+    from steps import target
+    from steps.config import load_config
+    from steps.store import open_store
+
+    store = open_store(f"file://{tmp_path_factory.mktemp('tiny-target')}")
+    started = time.perf_counter()
+    manifest = target.run(load_config("configs/tiny.yaml", [TINY_PRETRAIN]), store)
+    return store, manifest, time.perf_counter() - started

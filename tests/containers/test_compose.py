@@ -89,12 +89,48 @@ def test_named_volumes_are_declared_and_bind_mounts_exist(compose):
                 assert source in declared, f"{name}: volume {source} is not declared"
 
 
-def test_the_deploy_job_reads_pool_templates_and_deployments_that_exist(compose):
-    script = " ".join(compose["services"]["prefect-deploy"]["command"])
-    for pool in re.search(r"for pool in ([\w -]+);", script).group(1).split():
-        assert (REPO / "deploy" / "pools" / f"{pool}.json").is_file(), pool
-    assert "deploy/prefect.yaml" in script and (REPO / "deploy" / "prefect.yaml").is_file()
+def register_args(compose: dict):
+    """The compose deploy job's `eaglenest stack register ...`, parsed by the CLI's own parser."""
+    from flows.stack_cli import build_parser
+
+    command = compose["services"]["prefect-deploy"]["command"]
+    assert command[:3] == ["eaglenest", "stack", "register"], command
+    return build_parser().parse_args(command[1:][1:])
+
+
+def test_the_deploy_job_registers_the_docker_pools_deployments_rollback_and_sensor(compose):
+    from flows.prefect_setup import DEPLOYMENT_SETS, INFRASTRUCTURE, pools_for
+
+    args = register_args(compose)
+    assert args.deployments == ["docker"] and not args.all
+    assert pools_for({*args.deployments, *args.pools}) == list(INFRASTRUCTURE["docker"])
+    names = {d["name"]: d for d in yaml.safe_load((REPO / "deploy" / "prefect.yaml").read_text())["deployments"]}
+    registered = DEPLOYMENT_SETS["docker"]
+    assert {"tiny-docker", "rollback-docker", "sensor-docker"} <= set(registered) <= set(names)
+    assert names["rollback-docker"]["triggers"][0]["expect"] == ["prefect.flow-run.Failed", "prefect.flow-run.Crashed"]
+    assert all(names[n]["work_pool"]["name"].endswith("-docker") for n in registered), "no worker serves `local` here"
     assert "./:/opt/eaglenest/deploy:ro" in compose["services"]["prefect-deploy"]["volumes"]
+
+
+def test_step_containers_join_the_network_and_reach_the_store_without_keys_in_job_variables(compose):
+    """The docker pools as the deploy job writes them: containers on the compose network, the store's
+    endpoint, and the keys only as references to Secret blocks (`s3-bucket/eaglenest-results` reads them)."""
+    from flows.prefect_setup import S3_SECRET_BLOCKS, PoolSettings, pool_template, s3_container_env
+
+    args = register_args(compose)
+    service_env = compose["services"]["prefect-deploy"]["environment"]
+    assert args.s3_credentials and args.store == service_env["EAGLENEST_STORE"] == "s3://eaglenest"
+    settings = PoolSettings(docker_network=args.docker_network,
+                            docker_env=s3_container_env({**service_env, "EAGLENEST_STORE": args.store}))
+    for pool in ("cpu-docker", "gpu-docker", "serve-docker"):
+        variables = pool_template(pool, settings)["variables"]["properties"]
+        assert variables["networks"]["default"] == [compose["networks"]["default"]["name"]], pool
+        env = variables["env"]["default"]
+        assert env["EAGLENEST_S3_ENDPOINT_URL"] == "http://minio:9000" and env["EAGLENEST_STORE"] == "s3://eaglenest"
+        assert env["PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK"] == "s3-bucket/eaglenest-results"
+        for key, block in S3_SECRET_BLOCKS.items():
+            assert env[key] == f"{{{{ prefect.blocks.secret.{block} }}}}", (pool, key)
+            assert service_env[key] not in str(variables), f"{pool}: the key's value is in the job variables"
 
 
 def test_minio_notifies_the_adapter_on_datasets_puts(compose):

@@ -62,3 +62,31 @@ def test_the_worker_role_is_namespaced_and_covers_jobs_and_pod_logs(docs):
     assert any("jobs" in r["resources"] and "create" in r["verbs"] for r in rules)
     assert any("pods/log" in r["resources"] for r in rules)
     assert not any(k.startswith("ClusterRole") for k in docs)
+
+
+def test_step_jobs_run_in_the_kustomized_namespace_as_their_own_account_with_s3_keys_from_a_secret(docs):
+    """The k8s pools' Jobs: the namespace kustomization.yaml puts everything in (no `default`), the
+    `eaglenest-job` service account (no API token), and the store's keys from the Secret `eaglenest-s3`
+    through `envFrom` (never in the pool's job variables), rendered with Prefect's own template substitution
+    (what the worker applies to the pool's defaults)."""
+    from prefect.utilities.templating import apply_values
+
+    from flows.prefect_setup import PoolSettings, pool_template
+
+    namespace = yaml.safe_load((MANIFESTS.parent / "kustomization.yaml").read_text())["namespace"]
+    job_account = docs["ServiceAccount/eaglenest-job"]
+    assert job_account["automountServiceAccountToken"] is False
+    for key, doc in docs.items():
+        if key.startswith("Deployment/worker-"):
+            api = {e["name"]: e.get("value") for e in containers(doc)[0]["env"]}["PREFECT_API_URL"]
+            assert api == "http://prefect-server:4200/api", "a namespace in the URL would pin it"
+    for pool in ("cpu-k8s", "gpu-k8s", "serve-k8s"):
+        for settings, expected in ((PoolSettings(), namespace), (PoolSettings(k8s_namespace="ml-team"), "ml-team")):
+            template = pool_template(pool, settings)
+            defaults = {k: v.get("default") for k, v in template["variables"]["properties"].items()}
+            manifest = apply_values(template["job_configuration"], defaults)["job_manifest"]
+            assert manifest["metadata"]["namespace"] == expected, pool
+            pod = manifest["spec"]["template"]["spec"]
+            assert pod["serviceAccountName"] == "eaglenest-job", pool
+            assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "eaglenest-s3", "optional": True}}]
+            assert "AWS_SECRET_ACCESS_KEY" not in json.dumps(template["variables"]["properties"]["env"])

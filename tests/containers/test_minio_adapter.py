@@ -1,11 +1,13 @@
 """flows/minio_adapter.py: a MinIO bucket notification (the shape MinIO's webhook target POSTs, keys
 URL-encoded) becomes the same `eaglenest.dataset.uploaded` event the CLI and the sensor emit, and the
-service delivers it to a real Prefect server (started here on 127.0.0.1), where it can be read back."""
+service delivers it to a real Prefect server (the session's, on 127.0.0.1), where it can be read back; and
+`python -m flows.minio_adapter` itself starts, serves, and stops on Ctrl-C, or refuses bad settings with exit 2."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -13,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -66,7 +69,15 @@ def test_a_put_under_datasets_becomes_the_contract_event():
     assert event["id"] == str(uuid.uuid5(uuid.NAMESPACE_URL, f"{uri}@{ETAG}"))
     assert event["resource"]["prefect.resource.id"] == "eaglenest.dataset.support-chats"
     assert event["payload"] == {"uri": uri, "name": "support-chats", "version": ETAG, "size": 2048,
-                                "store": "s3://eaglenest"}
+                                "store": "s3://eaglenest", "pipeline": "tiny"}
+
+
+def test_a_put_under_a_pipelines_prefix_is_announced_for_that_pipeline():
+    store = open_store("s3://eaglenest")
+    [event] = events_from_notification(minio_notification("datasets/smollm2/support-chats/p.jsonl"), store)
+    assert event["payload"]["pipeline"] == event["resource"]["eaglenest.pipeline"] == "smollm2"
+    assert event["payload"]["name"] == "support-chats"
+    assert events_from_notification(minio_notification("datasets/nosuch/support-chats/p.jsonl"), store) == []
 
 
 def test_the_uri_is_the_stores_own_object_uri_so_cli_sensor_and_adapter_agree():
@@ -101,33 +112,23 @@ def test_a_record_without_an_etag_is_an_error_naming_the_field():
 # --- the service against a real Prefect server -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    """`prefect server start` on 127.0.0.1 (SQLite in a temporary PREFECT_HOME); yields the API URL."""
-    port = free_port()
-    home = tmp_path_factory.mktemp("prefect-home")
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
-    log = (home / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                             str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    api = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{api}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail(f"prefect server did not answer /health within 240 s: {(home / 'server.log').read_text()[-2000:]}")
-    yield api
-    proc.terminate()
+def prefect_api(prefect_stack) -> Iterator[str]:
+    """The session's Prefect server (tests/conftest.py `prefect_stack`), its dataset automations paused meanwhile:
+    the events sent here name objects of a bucket no test serves, and must not start pipeline runs on the
+    session's worker (tests/integration/test_dataset_trigger.py covers event → run). Yields the API URL."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(prefect_stack.api_url) as client:
+        paused = [a.id for a in client.read_automations() if a.name.startswith("eaglenest-dataset-uploaded")
+                  and a.enabled]
+        for automation_id in paused:
+            client.pause_automation(automation_id)
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield prefect_stack.api_url
+    finally:
+        with SyncPrefectClient(prefect_stack.api_url) as client:
+            for automation_id in paused:
+                client.resume_automation(automation_id)
 
 
 @pytest.fixture
@@ -198,3 +199,54 @@ def test_an_unreachable_prefect_gives_502_so_minio_retries(tmp_path):
 def test_a_file_store_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"expected s3://BUCKET"):
         make_server("127.0.0.1", 0, store=f"file://{Path.cwd()}/out/store", api_url="http://127.0.0.1:1/api")
+
+
+def test_main_serves_notifications_until_interrupted(prefect_api, tmp_path):
+    """`python -m flows.minio_adapter` as compose runs it: settings from the environment, a notification in, the
+    event stored by Prefect, and SIGINT (Ctrl-C) ends it with exit 0."""
+    port = free_port()
+    env = {**os.environ, "EAGLENEST_STORE": "s3://eaglenest", "PREFECT_API_URL": prefect_api,
+           "EAGLENEST_ADAPTER_TOKEN": "s3cret"}
+    log = tmp_path / "adapter.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.minio_adapter", "--port", str(port)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        key = f"datasets/main-test/{uuid.uuid4().hex}.jsonl"
+        status, body = post(f"{url}/", minio_notification(key))
+        assert status == 200, body
+        [event_id] = body["events"]
+        [stored] = stored_events(prefect_api, event_id)
+        assert stored["payload"]["uri"] == f"s3://eaglenest/{key}"
+        assert post(f"{url}/", minio_notification(key), token=None)[0] == 401       # the token came from the env
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert f"listening on http://127.0.0.1:{port}" in text and f"events to {prefect_api}" in text
+    assert f"event {event_id}" in text
+
+
+def test_main_refuses_missing_settings_and_a_file_store_with_exit_2(monkeypatch, capsys):
+    from flows.minio_adapter import main
+
+    for name in ("EAGLENEST_STORE", "PREFECT_API_URL", "EAGLENEST_ADAPTER_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--store and --api-url" in err and "EAGLENEST_STORE, PREFECT_API_URL" in err
+    assert main(["--store", "file:///tmp/store", "--api-url", "http://127.0.0.1:1/api"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected s3://BUCKET" in err

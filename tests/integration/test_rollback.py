@@ -3,7 +3,7 @@
 1. in-process: a failure inside the promotion transaction (the promoted export does not verify)
    runs `promote`'s rollback hook, which puts `production` and `previous` back exactly;
 2. the safety net: a failed `eagle3-pipeline` run that had moved `production` makes the server's
-   automation start `eaglenest-rollback/local` on the worker, which moves `production` back.
+   automation start `eaglenest-rollback/rollback-local` on the worker, which moves `production` back.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`eaglenest stack up` against a real `prefect server start` and process worker (the `prefect_stack` fixture).
+"""`eaglenest stack up` against a real `prefect server start` and process worker (the `prefect_stack` fixture,
+which runs `eaglenest stack up` and, at the end of the session, `eaglenest stack down` and checks nothing is left).
 
 1. up registers every local deployment, both triggers as automations, and an online worker;
 2. a deployment run is picked up by the worker, completes, writes its artifact to the stack's store and
@@ -22,16 +23,20 @@ from pathlib import Path
 
 import pytest
 
-from flows.stack import save_result_storage
+from flows.prefect_setup import save_result_storage
 from steps.store import open_store
-from tests.conftest import S3_BUCKET
+from tests.conftest import S3_BUCKET, eaglenest
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ("target", "datagen", "extract", "mapping", "train", "export", "verify", "serve", "benchmark", "gate")
-LOCAL = {f"{s}/local" for s in STEPS} | {"eagle3-pipeline/tiny", "eagle3-pipeline/smollm2",
-                                         "eaglenest-rollback/local", "dataset-sensor/local"}
+LOCAL = {f"{s}/{s}-local" for s in STEPS} | {"eagle3-pipeline/tiny", "eagle3-pipeline/smollm2",
+                                              "eaglenest-rollback/rollback-local", "dataset-sensor/sensor-local"}
+#: what `stack up` registers: one automation per trigger, each with a description (the UI's "A custom trigger"
+#: otherwise)
+LOCAL_AUTOMATIONS = {"eaglenest-dataset-uploaded": 1, "eaglenest-dataset-uploaded-smollm2": 1,
+                     "eaglenest-rollback-on-failure": 1}
 #: a target step on a 2-core machine: a Python start, the tiny tokenizer, a few pre-training steps.
 RUN_TIMEOUT_S = 900
 
@@ -45,8 +50,17 @@ def automations(stack) -> dict[str, int]:
     from prefect.client.orchestration import SyncPrefectClient
 
     with SyncPrefectClient(stack.api_url) as client:
-        names = [a.name for a in client.read_automations()]
+        found = client.read_automations()
+    assert all(a.description for a in found), [a.name for a in found if not a.description]
+    names = [a.name for a in found]
     return {name: names.count(name) for name in names}
+
+
+def pools(stack) -> set[str]:
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(stack.api_url) as client:
+        return {p.name for p in client.read_work_pools()}
 
 
 def test_up_registers_the_local_deployments_triggers_and_an_online_worker(prefect_stack):
@@ -54,13 +68,14 @@ def test_up_registers_the_local_deployments_triggers_and_an_online_worker(prefec
     assert report["healthy"]
     assert LOCAL <= set(report["deployments"]), sorted(LOCAL - set(report["deployments"]))
     assert [w["status"] for w in report["workers"]] == ["ONLINE"]
-    assert automations(prefect_stack) == {"eaglenest-dataset-uploaded": 1, "eaglenest-rollback-on-failure": 1}
+    assert automations(prefect_stack) == LOCAL_AUTOMATIONS
+    assert pools(prefect_stack) == {"local"}, "docker / k8s pools only when asked for (--pools)"
 
 
 def test_a_deployment_run_is_picked_up_by_the_worker_and_persists_its_result(prefect_stack):
     results = prefect_stack.results_dir
     before = set(results.iterdir())
-    out = prefect(prefect_stack, "deployment", "run", "target/local", "--watch",
+    out = prefect(prefect_stack, "deployment", "run", "target/target-local", "--watch",
                   "-p", "config=configs/tiny.yaml", "-p", f"store={prefect_stack.store_uri}",
                   "-p", 'overrides=["target.tiny.pretrain_steps=5"]')
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
@@ -71,16 +86,21 @@ def test_a_deployment_run_is_picked_up_by_the_worker_and_persists_its_result(pre
 
 
 def test_up_again_keeps_the_running_processes_and_one_automation_per_trigger(prefect_stack):
+    """`eaglenest stack up` on a running stack (the fixture started it with the same command)."""
     pids = (prefect_stack.status()["server_pid"], prefect_stack.status()["worker_pid"])
-    prefect_stack.up()
+    up = eaglenest("stack", "up", "--dir", str(prefect_stack.dir), "--port", str(prefect_stack.port),
+                   "--store", prefect_stack.store_uri, "--no-ui", "--no-schedules", "--no-profile")
+    assert up.returncode == 0, (up.stdout + up.stderr)[-3000:]
+    assert f"Prefect API:  {prefect_stack.api_url}" in up.stdout
+    assert f"store:        {prefect_stack.store_uri}" in up.stdout
     report = prefect_stack.status()
     assert (report["server_pid"], report["worker_pid"]) == pids
     assert LOCAL <= set(report["deployments"])
-    assert automations(prefect_stack) == {"eaglenest-dataset-uploaded": 1, "eaglenest-rollback-on-failure": 1}
+    assert automations(prefect_stack) == LOCAL_AUTOMATIONS
 
 
 def test_status_cli_reads_the_stack_directory(prefect_stack):
-    out = subprocess.run([sys.executable, "-m", "flows.stack", "status", "--dir", str(prefect_stack.dir), "--json"],
+    out = subprocess.run([sys.executable, "-m", "flows.stack_cli", "status", "--dir", str(prefect_stack.dir), "--json"],
                          env=prefect_stack.env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
@@ -104,14 +124,16 @@ def test_container_deployments_register_against_their_pools_and_render_gpu_reque
     from prefect_docker.worker import DockerWorkerJobConfiguration
     from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
-    out = subprocess.run([sys.executable, "-m", "flows.stack", "register", "--all", "--dir", str(prefect_stack.dir),
+    out = subprocess.run([sys.executable, "-m", "flows.stack_cli", "register", "--all", "--dir", str(prefect_stack.dir),
                           "--store", prefect_stack.store_uri], env=prefect_stack.env, cwd=REPO,
                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert automations(prefect_stack) == {"eaglenest-dataset-uploaded": 1, "eaglenest-dataset-uploaded-docker": 1,
-                                         "eaglenest-rollback-on-failure": 1}
+    assert automations(prefect_stack) == {**LOCAL_AUTOMATIONS, "eaglenest-dataset-uploaded-docker": 1,
+                                         "eaglenest-rollback-on-failure-docker": 1}
+    assert pools(prefect_stack) == {"local", "cpu-docker", "gpu-docker", "serve-docker", "cpu-k8s", "gpu-k8s",
+                                    "serve-k8s"}
 
-    train = asyncio.run(_render(prefect_stack, DockerWorkerJobConfiguration, "train/docker"))
+    train = asyncio.run(_render(prefect_stack, DockerWorkerJobConfiguration, "train/train-docker"))
     assert train.image == "localhost/eaglenest-gpu:0.1.0"
     assert "/scratch/eaglenest:/scratch" in train.volumes
     host = HostConfig(version="1.44", device_requests=train.container_create_kwargs["device_requests"],
@@ -119,10 +141,10 @@ def test_container_deployments_register_against_their_pools_and_render_gpu_reque
     assert host["DeviceRequests"][0]["Capabilities"] == [["gpu"]] and host["DeviceRequests"][0]["Count"] == -1
     assert host["ShmSize"] == 16 * 1024**3
 
-    export = asyncio.run(_render(prefect_stack, DockerWorkerJobConfiguration, "export/docker"))
+    export = asyncio.run(_render(prefect_stack, DockerWorkerJobConfiguration, "export/export-docker"))
     assert export.image == "localhost/eaglenest-cpu:0.1.0" and not export.container_create_kwargs
 
-    serve = asyncio.run(_render(prefect_stack, KubernetesWorkerJobConfiguration, "serve/k8s"))
+    serve = asyncio.run(_render(prefect_stack, KubernetesWorkerJobConfiguration, "serve/serve-k8s"))
     pod = serve.job_manifest["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert pod["containers"][0]["image"] == "localhost/eaglenest-serve:0.1.0"

@@ -15,7 +15,7 @@ import pytest
 from steps import benchmark, prompts
 from steps import launch as launching
 from steps.config import BenchmarkConfig
-from tests.builders import bigram_world, free_port
+from tests.builders import bigram_world, cli_record, free_port, record_of
 
 LAYER_IDS, K = [1, 2, 3], 3
 
@@ -96,6 +96,16 @@ def test_the_servers_it_started_are_stopped_and_a_rerun_reuses_the_artifact(benc
     assert launching.health_status(f"{spec_url}/health", timeout_s=2) is None
     again = benchmark.run(bench["cfg"], bench["store"], bench["export_id"], bench["target_id"])
     assert again.id == m.id and again.created == m.created
+
+
+def test_main_prints_the_benchmark_record_of_the_same_measurement(bench, tmp_path, capsys):
+    """The CLI on the fixture's config and store: the content-addressed measurement is found, not re-run."""
+    config = tmp_path / "c.yaml"
+    config.write_text(bench["cfg"].model_dump_json())
+    code, record = cli_record(capsys, benchmark.main, "--config", str(config), "--store", bench["store"].uri,
+                              "--export", bench["export_id"], "--target", bench["target_id"])
+    assert code == 0 and record == record_of(bench["store"], bench["manifest"])
+    assert record["metrics"]["tau"] > 1.5 and record["metrics"]["speedup"] > 0
 
 
 def test_pinned_prompts_are_deterministic_and_match_verify_selection(bench):

@@ -16,9 +16,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from steps import artifacts
 from steps import datagen as D  # noqa: E402
-from steps import target as T  # noqa: E402
 from steps.config import load_config  # noqa: E402
 from steps.store import open_store, sha256_file  # noqa: E402
+from tests.conftest import TINY_PRETRAIN  # noqa: E402
 
 PROMPTS = ["What does `json.dumps` do? Explain briefly.", "Name three colors.", "Who are you?",
            "What is the `random.Random` class used for? Explain briefly.", "Write a haiku about tea.",
@@ -27,11 +27,9 @@ CHUNK = 3
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny target (short pretraining: datagen only needs a model that emits text)."""
-    root = tmp_path_factory.mktemp("tiny")
-    store = open_store(f"file://{root / 'store'}")
-    m = T.run(load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=100"]), store)
+def tiny(tiny_target):
+    """The session's tiny target (tests/conftest.py) and its store: (store, target id, model, tokenizer)."""
+    store, m, _ = tiny_target
     model, tok = artifacts.load_target(store, m.id)
     return store, m.id, model, tok
 
@@ -42,7 +40,7 @@ def prompt_file(path, prompts=PROMPTS):
 
 
 def cfg_for(path, *extra):
-    return load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=100",
+    return load_config("configs/tiny.yaml", [TINY_PRETRAIN,
                                              f"dataset.sources=[{{kind: file, path: '{path}'}}]",
                                              "datagen.max_new_tokens=12", "datagen.batch_size=4", *extra])
 
@@ -272,7 +270,7 @@ def test_openai_backend_fails_without_manifest_when_nothing_succeeds(tiny, tmp_p
 
 def test_cli_finds_the_configs_target_artifact_and_prints_the_dataset_id(clean_run, capsys):
     store, tid, path, m = clean_run
-    sets = ["target.tiny.pretrain_steps=100", f"dataset.sources=[{{kind: file, path: '{path}'}}]",
+    sets = [TINY_PRETRAIN, f"dataset.sources=[{{kind: file, path: '{path}'}}]",
             "datagen.max_new_tokens=12", "datagen.batch_size=4"]
     argv = ["--config", "configs/tiny.yaml", "--store", store.uri, "--json"] + [a for s in sets for a in ("--set", s)]
     assert D.main(argv) == 0

@@ -39,9 +39,10 @@ def write_jsonl(path: Path, rows: list[object]) -> Path:
 def test_dataset_event_follows_the_contract():
     ev = dataset_event(URI, "chats", "0cc175b9c0f1b6a831c399e269772661", 123, "s3://bucket/prefix")
     assert ev["event"] == EVENT == "eaglenest.dataset.uploaded"
-    assert ev["resource"] == {"prefect.resource.id": "eaglenest.dataset.chats", "prefect.resource.name": "chats"}
+    assert ev["resource"] == {"prefect.resource.id": "eaglenest.dataset.chats", "prefect.resource.name": "chats",
+                              "eaglenest.pipeline": "tiny"}
     assert ev["payload"] == {"uri": URI, "name": "chats", "version": "0cc175b9c0f1b6a831c399e269772661",
-                             "size": 123, "store": "s3://bucket/prefix"}
+                             "size": 123, "store": "s3://bucket/prefix", "pipeline": "tiny"}
     assert ev["id"] == str(uuid.uuid5(uuid.NAMESPACE_URL, f"{URI}@0cc175b9c0f1b6a831c399e269772661"))
     json.dumps(ev)  # plain JSON: the MinIO adapter posts it as is
 
@@ -147,6 +148,26 @@ def test_list_skips_objects_that_are_not_datasets_name_file(tmp_path):
     (root / "a" / ".x.jsonl.tmp-1").write_text("{}\n")
     (root / "a" / "ok.jsonl").write_text("{}\n")
     assert [r["key"] for r in list_datasets(store)] == ["datasets/a/ok.jsonl"]
+
+
+def test_the_prefix_picks_the_pipeline_and_the_event_carries_it(tmp_path):
+    """datasets/<name>/ → the default pipeline; datasets/<pipeline>/<name>/ → that one; anything else is no dataset."""
+    assert datasets.parse_key("datasets/chats/a.jsonl") == ("tiny", "chats", "a.jsonl")
+    assert datasets.parse_key("datasets/smollm2/chats/a.jsonl") == ("smollm2", "chats", "a.jsonl")
+    for other in ("datasets/unknown/chats/a.jsonl", "datasets/a.jsonl", "other/x/a.jsonl", "datasets//a.jsonl"):
+        assert datasets.parse_key(other) is None, other
+    store = open_store(f"file://{tmp_path / 'store'}")
+    src = write_jsonl(tmp_path / "chats.jsonl", GOOD_ROWS)
+    default, _ = upload_dataset(store, src, "support")
+    smol, _ = upload_dataset(store, src, "support", pipeline="smollm2")
+    assert default["key"] == "datasets/support/chats.jsonl" and default["pipeline"] == "tiny"
+    assert smol["key"] == "datasets/smollm2/support/chats.jsonl" and smol["pipeline"] == "smollm2"
+    event = datasets.event_for(store, smol)
+    assert event["resource"]["eaglenest.pipeline"] == "smollm2" == event["payload"]["pipeline"]
+    assert event["id"] != datasets.event_for(store, default)["id"]
+    assert sorted(r["key"] for r in list_datasets(store)) == sorted([default["key"], smol["key"]])
+    with pytest.raises(ValueError, match="pipeline's prefix"):
+        upload_dataset(store, src, "smollm2")
 
 
 @pytest.mark.parametrize("name", ["", "../up", "a/b", "-x", "has space"])

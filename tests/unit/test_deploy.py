@@ -50,10 +50,10 @@ def test_every_step_has_a_local_docker_and_k8s_deployment_on_the_pool_of_its_cla
     assert HARDWARE == CLASS_OF, "flows/step_flows.py HARDWARE is a view of steps/registry.py"
     for step in STEPS:
         cls = CLASS_OF[step]
-        pools = {kind: deployments[f"{step}/{kind}"]["work_pool"]["name"] for kind in ("local", "docker", "k8s")}
+        pools = {kind: deployments[f"{step}/{step}-{kind}"]["work_pool"]["name"] for kind in ("local", "docker", "k8s")}
         assert pools == {"local": "local", "docker": f"{cls}-docker", "k8s": f"{cls}-k8s"}, step
         for kind in ("local", "docker", "k8s"):
-            dep = deployments[f"{step}/{kind}"]
+            dep = deployments[f"{step}/{step}-{kind}"]
             assert dep["entrypoint"] == f"flows/step_flows.py:{step}_flow", f"{step}/{kind}"
             assert dep["tags"] == ["eaglenest", cls], f"{step}/{kind}"
 
@@ -73,19 +73,35 @@ def test_the_contract_deployments_exist_with_their_parameters(deployments):
     tiny = deployments["eagle3-pipeline/tiny"]
     assert tiny["parameters"] == {"config": "configs/tiny.yaml", "mode": "deployments", "pool": "local"}
     assert deployments["eagle3-pipeline/smollm2"]["parameters"]["config"] == "configs/smollm2-135m.yaml"
-    assert deployments["eagle3-pipeline/docker"]["parameters"]["pool"] == "docker"
-    assert deployments["eagle3-pipeline/docker"]["work_pool"]["name"] == "cpu-docker"
-    assert deployments["eagle3-pipeline/k8s"]["parameters"]["pool"] == "k8s"
-    assert deployments["eagle3-pipeline/k8s"]["work_pool"]["name"] == "cpu-k8s"
-    assert deployments["eaglenest-rollback/local"]["entrypoint"] == "flows/gate.py:rollback_flow"
-    assert deployments["dataset-sensor/local"]["entrypoint"] == "flows/dataset_trigger.py:dataset_sensor"
+    assert deployments["eagle3-pipeline/tiny-docker"]["parameters"]["pool"] == "docker"
+    assert deployments["eagle3-pipeline/tiny-docker"]["work_pool"]["name"] == "cpu-docker"
+    assert deployments["eagle3-pipeline/tiny-k8s"]["parameters"]["pool"] == "k8s"
+    assert deployments["eagle3-pipeline/tiny-k8s"]["work_pool"]["name"] == "cpu-k8s"
+    for kind, pool in (("local", "local"), ("docker", "cpu-docker")):
+        assert deployments[f"eaglenest-rollback/rollback-{kind}"]["entrypoint"] == "flows/gate.py:rollback_flow"
+        assert deployments[f"dataset-sensor/sensor-{kind}"]["entrypoint"] == "flows/dataset_trigger.py:dataset_sensor"
+        assert deployments[f"dataset-sensor/sensor-{kind}"]["work_pool"]["name"] == pool
+
+
+def test_deployments_are_named_by_what_they_run_and_each_set_names_existing_ones(deployments):
+    """No two deployments share a name (the UI lists names; `prefect deploy -n` selects by them), and the sets
+    `stack up` / `stack register --deployments` deploy name deployments that exist, on that infrastructure."""
+    from flows.prefect_setup import DEPLOYMENT_SETS, INFRASTRUCTURE
+
+    names = [key.split("/")[1] for key in deployments]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    by_name = {key.split("/")[1]: dep for key, dep in deployments.items()}
+    for kind, members in DEPLOYMENT_SETS.items():
+        assert set(members) <= set(by_name), set(members) - set(by_name)
+        assert {by_name[n]["work_pool"]["name"] for n in members} <= set(INFRASTRUCTURE[kind]), kind
+    assert set(by_name) == {n for members in DEPLOYMENT_SETS.values() for n in members}
 
 
 def test_every_pool_has_a_template_the_stack_creates(deployments):
-    from flows.stack import POOLS
+    from flows.prefect_setup import POOLS
 
     used = {d["work_pool"]["name"] for d in deployments.values()}
-    assert used == set(POOLS), f"pools used by {PREFECT_FILE} vs flows.stack.POOLS"
+    assert used == set(POOLS), f"pools used by {PREFECT_FILE} vs flows.prefect_setup.POOLS"
     assert {p.stem for p in POOLS_DIR.glob("*.json")} == set(POOLS)
     for pool, (pool_type, _) in POOLS.items():
         variables = template(pool)["variables"]["properties"]
@@ -143,22 +159,29 @@ def test_each_gpu_and_serve_deployment_runs_one_job_at_a_time(deployments):
             assert dep.get("concurrency_limit") == {"limit": 1, "collision_strategy": "ENQUEUE"}, key
 
 
-def test_the_dataset_trigger_is_debounced_per_dataset_and_passes_the_uri(deployments):
+@pytest.mark.parametrize("deployment, pipeline, config", [("tiny", "tiny", "configs/tiny.yaml"),
+                                                          ("smollm2", "smollm2", "configs/smollm2-135m.yaml"),
+                                                          ("tiny-docker", "tiny", "configs/tiny.yaml")])
+def test_each_pipeline_starts_on_the_uploads_for_it_debounced_per_dataset(deployments, deployment, pipeline, config):
     from prefect.events import DeploymentEventTrigger
 
-    (raw,) = deployments["eagle3-pipeline/tiny"]["triggers"]
+    from flows.dataset_trigger import PIPELINES
+
+    (raw,) = deployments[f"eagle3-pipeline/{deployment}"]["triggers"]
     trigger = DeploymentEventTrigger.model_validate({k: v for k, v in raw.items() if k != "type"})
     assert trigger.expect == {"eaglenest.dataset.uploaded"}
+    assert pipeline in PIPELINES and trigger.match.root["eaglenest.pipeline"] == pipeline
+    assert trigger.description, "the automation says what it does (the UI shows it)"
     assert trigger.for_each == {"prefect.resource.id"}
     assert trigger.threshold == 1 and trigger.within.total_seconds() >= 30
     assert trigger.parameters["dataset"] == "{{ event.payload.uri }}"
-    assert trigger.parameters["mode"] == "deployments"
+    assert trigger.parameters["mode"] == "deployments" and trigger.parameters["config"] == config
 
 
 def test_the_rollback_trigger_fires_on_failed_or_crashed_pipeline_and_benchmark_runs(deployments):
     from prefect.events import DeploymentEventTrigger
 
-    (raw,) = deployments["eaglenest-rollback/local"]["triggers"]
+    (raw,) = deployments["eaglenest-rollback/rollback-local"]["triggers"]
     trigger = DeploymentEventTrigger.model_validate({k: v for k, v in raw.items() if k != "type"})
     assert trigger.expect == {"prefect.flow-run.Failed", "prefect.flow-run.Crashed"}
     related = trigger.match_related.root if hasattr(trigger.match_related, "root") else trigger.match_related
@@ -167,6 +190,9 @@ def test_the_rollback_trigger_fires_on_failed_or_crashed_pipeline_and_benchmark_
     assert trigger.parameters == {"flow_run_id": "{{ event.resource.id }}", "reason": "{{ event.event }}"}
 
 
-def test_the_sensor_polls_on_an_interval(deployments):
-    (schedule,) = deployments["dataset-sensor/local"]["schedules"]
-    assert 0 < schedule["interval"] <= 600
+def test_the_sensor_is_not_scheduled_by_default_and_never_queues_polls(deployments):
+    """Uploads announce themselves; a sensor every 2 minutes queued 30 runs behind one busy worker."""
+    sensor = deployments["dataset-sensor/sensor-local"]
+    (schedule,) = sensor["schedules"]
+    assert schedule["active"] is False and schedule["interval"] >= 300
+    assert sensor["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}

@@ -152,10 +152,11 @@ def world(tmp_path_factory):
                         gate={"min_tau": 1.5, "min_speedup": 1.0})
 
 
-def test_the_step_promotes_records_the_decision_and_exits_0(world, tmp_path):
+def test_the_step_promotes_records_the_decision_and_exits_0(world, tmp_path, capsys):
     import json
 
     from steps import gate
+    from tests.builders import cli_record, record_of
 
     store = world["store"]
     bench = put_benchmark(store, "bf00000000000001", world["export_id"], tau=2.4)
@@ -166,9 +167,9 @@ def test_the_step_promotes_records_the_decision_and_exits_0(world, tmp_path):
     assert decision["champion"] is None and decision["diagnosis"] == []
     # the CLI: the same decision (the id is content-addressed: reused), exit 0 for promote
     (tmp_path / "c.yaml").write_text(world["cfg"].model_dump_json())
-    code = gate.main(["--config", str(tmp_path / "c.yaml"), "--store", store.uri, "--export", world["export_id"],
-                      "--target", world["target_id"], "--benchmark", bench])
-    assert code == 0
+    code, record = cli_record(capsys, gate.main, "--config", str(tmp_path / "c.yaml"), "--store", store.uri,
+                              "--export", world["export_id"], "--target", world["target_id"], "--benchmark", bench)
+    assert code == 0 and record == record_of(store, m)
 
 
 def test_production_behind_an_eagle_server_is_degraded_and_the_doctor_names_f1(world):
@@ -195,8 +196,9 @@ def test_production_behind_an_eagle_server_is_degraded_and_the_doctor_names_f1(w
         store.restore_alias("production", None)
 
 
-def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world, tmp_path):
+def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world, tmp_path, capsys):
     from steps import gate
+    from tests.builders import cli_record, record_of
 
     store = world["store"]
     bench = put_benchmark(store, "b0000000000000a0", world["export_id"], tau=None, algorithm="")
@@ -205,8 +207,10 @@ def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world
     assert "F1" in {f["id"] for f in m.meta["diagnosis"] if f["status"] == "fail"}, m.meta["diagnosis"]
     assert m.meta["fix"]["applicable"] is False                 # someone else's server: name it, don't touch it
     (tmp_path / "c.yaml").write_text(world["cfg"].model_dump_json())
-    assert gate.main(["--config", str(tmp_path / "c.yaml"), "--store", store.uri, "--export", world["export_id"],
-                      "--target", world["target_id"], "--benchmark", bench, "--spec-url", "http://127.0.0.1:9"]) == 1
+    code, record = cli_record(capsys, gate.main, "--config", str(tmp_path / "c.yaml"), "--store", store.uri,
+                              "--export", world["export_id"], "--target", world["target_id"], "--benchmark", bench,
+                              "--spec-url", "http://127.0.0.1:9")
+    assert code == 1 and record == record_of(store, m) and record["metrics"]["verdict"] == "zero-acceptance"
 
 
 def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():

@@ -12,8 +12,9 @@ from safetensors.torch import save_file
 from steps.artifacts import load_vocab
 from steps.checks.vocab import validate_vocab
 from steps.config import parse_config
-from steps.mapping import build_vocab, count_assistant_tokens, coverage, run
+from steps.mapping import build_vocab, count_assistant_tokens, coverage, main, run
 from steps.store import open_store
+from tests.builders import cli_record, record_of
 
 
 def test_build_vocab_keeps_the_most_frequent_ids_sorted_ascending_as_offsets():
@@ -135,6 +136,27 @@ def test_run_writes_a_validated_vocab_artifact_with_coverage(tmp_path):
     d2t, t2d = load_vocab(store, m.id)
     assert (torch.arange(2) + d2t).tolist() == [5, 9] and t2d.shape == (64,)
     assert run(_config(tmp_path, 2), store, "d0", "t0").id == m.id    # same inputs, same artifact
+
+
+def test_main_builds_the_map_prints_its_record_and_names_a_missing_input(tmp_path, capsys):
+    store = open_store(f"file://{tmp_path}/store")
+    _artifacts(store)
+    config = tmp_path / "c.yaml"
+    config.write_text(_config(tmp_path, 2).model_dump_json())
+    common = ("--config", str(config), "--store", store.uri)
+    code, record = cli_record(capsys, main, *common, "--dataset", "d0", "--target", "t0")
+    assert code == 0
+    m = store.manifest("vocab", record["id"])
+    assert record == record_of(store, m) and m.inputs == {"dataset": "d0", "target": "t0"}
+    assert record["metrics"]["coverage"] == pytest.approx(4 / 5)
+    assert (torch.arange(2) + load_vocab(store, m.id)[0]).tolist() == [5, 9]
+    # bad input: one line naming the missing input and where its id comes from, exit 2
+    assert main([*common, "--target", "t0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing --dataset ID" in err and "eaglenest datagen" in err
+    assert main([*common, "--dataset", "nope", "--target", "t0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nope" in err and "--store" in err
 
 
 def test_load_vocab_refuses_an_artifact_holding_absolute_ids(tmp_path):

@@ -6,13 +6,14 @@ from steps import progress
 
 
 def test_listeners_get_start_throttled_updates_and_the_end():
-    calls: list[tuple[str, float, float, str]] = []
-    with progress.listening(lambda *a: calls.append(a)):
+    calls: list[progress.Update] = []
+    with progress.listening(calls.append):
         with progress.bar(total=100, desc="extract", unit="tok", disable=True) as bar:
             for _ in range(100):
                 bar.update(1)       # 100 updates within the 2 s throttle window
-    assert calls[0] == ("extract", 0.0, 100.0, "tok")
-    assert calls[-1] == ("extract", 100.0, 100.0, "tok")
+    as_tuple = [(u.desc, u.done, u.total, u.unit) for u in calls]
+    assert as_tuple[0] == ("extract", 0.0, 100.0, "tok")
+    assert as_tuple[-1] == ("extract", 100.0, 100.0, "tok")
     assert len(calls) <= 4, calls   # start, reaching the total, close (+ at most one timed update)
 
 
@@ -25,3 +26,24 @@ def test_a_failing_listener_does_not_fail_the_step_and_is_removed_after_the_bloc
             bar.update(2)
     assert "progress listener failed: UI down" in capsys.readouterr().err
     assert broken not in progress._listeners
+
+
+def test_updates_carry_the_postfix_elapsed_time_and_an_eta_that_ignores_resumed_work():
+    calls: list[progress.Update] = []
+    with progress.listening(calls.append):
+        with progress.bar(total=10, desc="train", unit="step", initial=4, disable=True) as bar:
+            bar.update(1)
+            bar.set_postfix(loss="2.345", acc0=0.123456789)
+    last = calls[-1]
+    assert last.postfix == {"loss": "2.345", "acc0": 0.123456789} and last.initial == 4.0 and last.done == 5.0
+    assert last.elapsed_s > 0
+    # 1 step in elapsed_s seconds, 5 left: the 4 resumed steps must not make it look faster
+    assert abs(last.eta_s - 5 * last.elapsed_s) < 1e-6
+    assert last.line().startswith("train: 5/10 step (50%), 0:00 elapsed, ETA 0:00")
+    assert last.line().endswith(", loss=2.345, acc0=0.123")
+
+
+def test_eta_is_unknown_before_any_work_and_clock_formats_hours():
+    assert progress.Update("x", 0, 10, "it", elapsed_s=3.0).eta_s is None
+    assert progress.Update("x", 5, 10, "it", elapsed_s=10.0).eta_s == 10.0
+    assert progress.clock(3723) == "1:02:03" and progress.clock(62) == "1:02"

@@ -20,44 +20,8 @@ from steps.checks.context import LONGER_CONTEXT_ENV
 from steps.checks.finding import Finding
 from steps.config import PipelineConfig, parse_config
 
-# A real HTTP server standing in for SGLang's startup behaviour. It takes SGLang's flags, answers
-# /health_generate with 503 until it is "ready", and can hang in "CUDA graph capture" (never ready)
-# unless started with --cuda-graph-backend-decode disabled. It starts a child process (like SGLang's
-# scheduler) whose pid it writes down, so a test can check that stop() ends the whole group.
-FAKE_SERVER = r'''
-import argparse, http.server, os, signal, subprocess, sys, time
-p = argparse.ArgumentParser()
-p.add_argument("--host", default="127.0.0.1")
-p.add_argument("--port", type=int, required=True)
-p.add_argument("--cuda-graph-backend-decode", default="full")
-p.add_argument("--ready-after-s", type=float, default=0.0)
-p.add_argument("--hang-with-cuda-graphs", action="store_true")
-p.add_argument("--exit-code", type=int, default=None)
-p.add_argument("--ignore-sigterm", action="store_true")
-p.add_argument("--child-pid-file", default=None)
-args, _sglang_flags = p.parse_known_args()
-print("fake server argv:", sys.argv[1:], "mark:", os.environ.get("EAGLENEST_TEST_MARK"), flush=True)
-if args.exit_code is not None:
-    print("fake server: bad arguments", flush=True)
-    sys.exit(args.exit_code)
-if args.ignore_sigterm:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if args.child_pid_file:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    open(args.child_pid_file, "w").write(str(child.pid))
-hangs = args.hang_with_cuda_graphs and args.cuda_graph_backend_decode != "disabled"
-ready_at = float("inf") if hangs else time.monotonic() + args.ready_after_s
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        ok = self.path == "/health_generate" and time.monotonic() >= ready_at
-        self.send_response(200 if ok else 503)
-        self.end_headers()
-    def log_message(self, *a):
-        pass
-
-http.server.HTTPServer((args.host, args.port), Handler).serve_forever()
-'''
+#: the fast stand-in for SGLang's start-up (a script; see its docstring)
+FAKE_SERVER = Path(__file__).resolve().parents[1] / "fake_sglang.py"
 
 
 def free_port() -> int:
@@ -312,10 +276,8 @@ def test_cli_names_an_unknown_draft_architecture(tmp_path, capsys):
 # --- launch / health / deadline / retry / stop ----------------------------------------------------
 
 @pytest.fixture
-def fake_server(tmp_path) -> list[str]:
-    script = tmp_path / "fake_sglang.py"
-    script.write_text(FAKE_SERVER)
-    return [sys.executable, str(script)]
+def fake_server() -> list[str]:
+    return [sys.executable, str(FAKE_SERVER)]
 
 
 def health(port: int) -> str:

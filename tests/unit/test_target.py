@@ -17,21 +17,17 @@ from steps import artifacts
 from steps import target as T  # noqa: E402
 from steps.config import ConfigError, load_config  # noqa: E402
 from steps.store import ArtifactError, open_store, sha256_file  # noqa: E402
-
-#: enough steps for the loss to fall well below ln(vocab) while the test stays short.
-TEST_PRETRAIN_STEPS = 150
+from tests.conftest import TINY_PRETRAIN
 
 
 def tiny_cfg(*extra: str):
-    return load_config("configs/tiny.yaml", [f"target.tiny.pretrain_steps={TEST_PRETRAIN_STEPS}", *extra])
+    return load_config("configs/tiny.yaml", [TINY_PRETRAIN, *extra])
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    store = open_store(f"file://{tmp_path_factory.mktemp('store')}")
-    t0 = time.perf_counter()
-    m = T.run(tiny_cfg(), store)
-    return store, m, time.perf_counter() - t0
+def tiny(tiny_target):
+    """The session's tiny target (tests/conftest.py): (store, manifest, build seconds)."""
+    return tiny_target
 
 
 def byte_tokenizer(out_dir):
@@ -183,7 +179,7 @@ def test_hf_dir_refuses_missing_pieces(tmp_path):
 def test_cli_prints_the_artifact_id(tiny, capsys):
     store, m, _ = tiny
     assert T.main(["--config", "configs/tiny.yaml", "--store", store.uri,
-                   "--set", f"target.tiny.pretrain_steps={TEST_PRETRAIN_STEPS}", "--json"]) == 0
+                   "--set", TINY_PRETRAIN, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["id"] == m.id
 
 

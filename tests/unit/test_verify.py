@@ -16,7 +16,15 @@ from steps import artifacts, export, formats, verify
 from steps.engine import Engine
 from steps.prompts import held_out_prompts
 from steps.store import open_store
-from tests.builders import bigram_world, free_port, put_random_draft, tiny_pipeline_config, tiny_target_dir
+from tests.builders import (
+    bigram_world,
+    cli_record,
+    free_port,
+    put_random_draft,
+    record_of,
+    tiny_pipeline_config,
+    tiny_target_dir,
+)
 
 V, H, VD = 272, 64, 128
 LAYER_IDS = [1, 2, 3]
@@ -48,6 +56,20 @@ def test_verify_reports_offline_tau_and_speed_for_the_exported_sglang_dir(world)
     assert [r["match"] for r in report["prompts"]] == [True, True]
     assert report["load_report"]["embed_from_target"] is True
     assert verify.run(world["cfg"], world["store"], world["export_id"], world["target_id"]).id == m.id
+
+
+def test_main_prints_the_verify_record_and_refuses_an_unknown_export(world, tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(world["cfg"].model_dump_json())
+    common = ("--config", str(config), "--store", world["store"].uri, "--target", world["target_id"])
+    code, record = cli_record(capsys, verify.main, *common, "--export", world["export_id"])
+    assert code == 0
+    m = world["store"].manifest("verify", record["id"])
+    assert record == record_of(world["store"], m) and m.inputs["export"] == world["export_id"]
+    assert record["metrics"]["mismatches"] == 0 and record["metrics"]["tau"] >= 1.0
+    assert verify.main([*common, "--export", "0123456789abcdef"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]          # after the target's loading bar
+    assert last.startswith("eaglenest verify: ") and "0123456789abcdef" in last and "--store" in last
 
 
 @pytest.fixture(scope="module")
