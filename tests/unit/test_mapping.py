@@ -16,6 +16,9 @@ from steps.mapping import build_vocab, count_assistant_tokens, coverage, main, r
 from steps.store import open_store
 from tests.builders import cli_record, record_of
 
+#: artifact ids as the CLI takes them: 16 hex digits
+T0, D0 = "7a7a000000000001", "da7a000000000001"
+
 
 def test_build_vocab_keeps_the_most_frequent_ids_sorted_ascending_as_offsets():
     counts = Counter({7: 50, 3: 40, 9: 40, 1: 5, 0: 1, 12: 1})
@@ -116,10 +119,10 @@ def _config(tmp_path, draft_vocab: int):
 
 
 def _artifacts(store):
-    t = store.begin("target", "t0", step="target")
+    t = store.begin("target", T0, step="target")
     t.path("config.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 8}))
     t.commit(meta={"source": "tiny"})
-    d = store.begin("dataset", "d0", step="datagen")
+    d = store.begin("dataset", D0, step="datagen")
     rows = [{"id": "a", "input_ids": [1, 5, 5, 9, 60], "loss_mask": [0, 1, 1, 1, 0]},
             {"id": "b", "input_ids": [2, 5, 9, 33], "loss_mask": [0, 1, 0, 1]}]
     d.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -129,13 +132,13 @@ def _artifacts(store):
 def test_run_writes_a_validated_vocab_artifact_with_coverage(tmp_path):
     store = open_store(f"file://{tmp_path}/store")
     _artifacts(store)
-    m = run(_config(tmp_path, 2), store, "d0", "t0")
-    assert m.kind == "vocab" and m.inputs == {"dataset": "d0", "target": "t0"}
+    m = run(_config(tmp_path, 2), store, D0, T0)
+    assert m.kind == "vocab" and m.inputs == {"dataset": D0, "target": T0}
     assert m.metrics["distinct_tokens"] == 3                   # 5, 9, 33 (prompt tokens not counted)
     assert m.metrics["coverage"] == pytest.approx(4 / 5)       # 5 x3 and 9 (tie with 33: lower id) of 5
     d2t, t2d = load_vocab(store, m.id)
     assert (torch.arange(2) + d2t).tolist() == [5, 9] and t2d.shape == (64,)
-    assert run(_config(tmp_path, 2), store, "d0", "t0").id == m.id    # same inputs, same artifact
+    assert run(_config(tmp_path, 2), store, D0, T0).id == m.id    # same inputs, same artifact
 
 
 def test_main_builds_the_map_prints_its_record_and_names_a_missing_input(tmp_path, capsys):
@@ -144,19 +147,19 @@ def test_main_builds_the_map_prints_its_record_and_names_a_missing_input(tmp_pat
     config = tmp_path / "c.yaml"
     config.write_text(_config(tmp_path, 2).model_dump_json())
     common = ("--config", str(config), "--store", store.uri)
-    code, record = cli_record(capsys, main, *common, "--dataset", "d0", "--target", "t0")
+    code, record = cli_record(capsys, main, *common, "--dataset", D0, "--target", T0)
     assert code == 0
     m = store.manifest("vocab", record["id"])
-    assert record == record_of(store, m) and m.inputs == {"dataset": "d0", "target": "t0"}
+    assert record == record_of(store, m) and m.inputs == {"dataset": D0, "target": T0}
     assert record["metrics"]["coverage"] == pytest.approx(4 / 5)
     assert (torch.arange(2) + load_vocab(store, m.id)[0]).tolist() == [5, 9]
     # bad input: one line naming the missing input and where its id comes from, exit 2
-    assert main([*common, "--target", "t0"]) == 2
+    assert main([*common, "--target", T0]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing --dataset ID" in err and "eaglenest datagen" in err
-    assert main([*common, "--dataset", "nope", "--target", "t0"]) == 2
+    assert main([*common, "--dataset", "f" * 16, "--target", T0]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "nope" in err and "--store" in err
+    assert err.count("\n") == 1 and "f" * 16 in err and "--store" in err
 
 
 def test_load_vocab_refuses_an_artifact_holding_absolute_ids(tmp_path):
