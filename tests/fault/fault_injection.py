@@ -349,7 +349,8 @@ def proxy_trial(i: int, root: Path, config: Path, env: dict[str, str], ref: dict
                     "same_weights_as_reference": got["model_sha256"] == ref["draft_check"]["model_sha256"]}
     except ArtifactError as err:
         rec |= {"corrupt": 1, "error": str(err)[:300]}
-    rec["staging_left"] = len(direct.backend.list("staging/"))
+    left = direct.backend.list("staging/")
+    rec["staging_left"], rec["staging_left_keys"] = len(left), left[:5]
     return rec
 
 
