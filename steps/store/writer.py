@@ -89,10 +89,12 @@ class ArtifactWriter:
         if reused is None:
             self.reload()
         self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
         if lease is not None:
             ttl = float(json.loads(lease)["ttl"])
-            threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop, ttl / 4),
-                             daemon=True, name=f"lease-{manifest.id}").start()
+            self._beat = threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop, ttl / 4),
+                                          daemon=True, name=f"lease-{manifest.id}")
+            self._beat.start()
             weakref.finalize(self, self._stop.set)
 
     def reload(self) -> None:
@@ -213,6 +215,10 @@ class ArtifactWriter:
         if self.staging != local:
             shutil.rmtree(self.staging, ignore_errors=True)
         self._stop.set()
+        # A renewal in flight would replace the lease after the release below read it: the release's
+        # compare-and-swap would then miss, leaving the lease behind (seen once through a faulty S3 proxy).
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join(timeout=60)
         if self._lease is not None and not self.lost:
             backend.swap_bytes(self.store.lease_key(self.manifest.kind, self.manifest.id), None, self._lease)
             self._lease = None
