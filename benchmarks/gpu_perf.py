@@ -44,7 +44,7 @@ from steps.shard_writer import ShardJob, ShardWriter
 from steps.shards import read_shard, shard_bytes_bound, write_encoded, write_shard
 from steps.training.loop import Setup, build_trainer, train_step
 from steps.training.plan import Batch
-from steps.training.ttt import layouts, loss_positions
+from steps.training.ttt import layouts, loss_positions, ttt_loss
 
 BATCH, SEQ = 8, 2048
 
@@ -203,9 +203,14 @@ def bench_train(args: argparse.Namespace, ttt: int) -> dict:
     tr = build_trainer(cfg, Setup(draft, head_rows, None, [], {}), world)
     cpu_batch = synthetic_batch(dcfg, t2d, tokens=args.train_tokens, seq_len=SEQ, seed=0)
     batch = Batch(*(getattr(cpu_batch, f).to(DEVICE) for f in Batch.__dataclass_fields__))
+    with torch.no_grad(), torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=DEVICE.type == "cuda"):
+        same = {a: float(ttt_loss(draft, batch, tr.head_rows, steps=ttt, decay=cfg.train.step_decay,
+                                  attention=a)[0]) for a in ("sdpa", "flex" if DEVICE.type == "cuda" else "sdpa")}
     for _ in range(2):
         train_step(tr, batch, cfg=cfg, lr=1e-4)
     _sync()
+    if args.profile:
+        profile(lambda: train_step(tr, batch, cfg=cfg, lr=1e-4), Path(args.out or ".") / f"profile-ttt{ttt}.txt")
     t0 = time.perf_counter()
     for _ in range(args.iters):
         train_step(tr, batch, cfg=cfg, lr=1e-4)
@@ -215,8 +220,24 @@ def bench_train(args: argparse.Namespace, ttt: int) -> dict:
     row = {"what": "train", "variant": "eaglenest train_step", "ttt_steps": ttt, "tokens": batch.tokens,
            "step_s": round(step, 4), "tokens_per_s": round(batch.tokens / step),
            "tflops_matmul": round(flops / step / 1e12, 1), "mfu_vs_790": round(flops / step / 790e12, 3),
-           "trainable_params": distributed.trainable_params(draft), "peak_mem_gib": _peak()}
+           "trainable_params": distributed.trainable_params(draft), "peak_mem_gib": _peak(),
+           "loss_sdpa_vs_flex": same}
     return row
+
+
+def profile(fn, path: Path) -> None:
+    """Top CUDA kernels of 3 calls of `fn` (printed, and written to `path`)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        _sync()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(table)
+    print(table[:6000], flush=True)
 
 
 def _peak() -> float | None:
@@ -237,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tmp", default=None, help="folder for the shards (default: the system's temp dir)")
     p.add_argument("--out", default=None, help="write results.jsonl here")
+    p.add_argument("--profile", action="store_true", help="profile 3 training steps (top CUDA kernels)")
     args = p.parse_args(argv)
     global DEVICE, BATCH, SEQ
     DEVICE, BATCH, SEQ = torch.device(args.device), args.batch, args.seq
@@ -274,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(rows: list[dict]) -> None:
     print("\nwhat     variant                                tok/s       ratio")
-    anchors = {r.get("ttt_steps"): r["tokens_per_s"] for r in rows if r.get("variant", "").startswith("speculators")}
+    anchors = {r.get("ttt_steps"): r["tokens_per_s"] for r in rows
+               if r.get("variant", "").startswith("speculators") and "tokens_per_s" in r}
     for r in rows:
         if "tokens_per_s" not in r:
             print(f"{r['what']:8s} {r['variant']:38s} peak {r.get('peak_mem_gib')} GiB {r.get('error', '')[:300]}")

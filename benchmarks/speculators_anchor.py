@@ -39,6 +39,13 @@ class _Anything:
         return cls
 
 
+def _stand_in_attr(name: str):
+    # Dunder names stay missing: importers and torch.compile probe `__file__`, `__version__`, ...
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Anything if name[:1].isupper() else _Anything()
+
+
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, names: set[str]):
         self.names = names
@@ -51,7 +58,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         module = types.ModuleType(spec.name)
         module.__path__ = []
-        module.__getattr__ = lambda name: _Anything if name[:1].isupper() else _Anything()
+        module.__getattr__ = _stand_in_attr
         return module
 
     def exec_module(self, module) -> None:

@@ -16,7 +16,9 @@ One layer (SGLang `llama_eagle3.py`):
 `out` (not the normed one) is the feature of the next chain step. Attention is one
 `scaled_dot_product_attention` call over `cat(cached keys, new keys)` with a boolean mask (True =
 attend), so training-time test and cached inference run the same code: training passes the TTT
-mask explicitly, inference the default causal mask over the cache.
+mask explicitly, inference the default causal mask over the cache. Training on a GPU passes the
+same mask as a flex-attention `BlockMask` instead: the same scores, but only the key blocks some
+query attends to are computed (a TTT step's chain keys are a narrow diagonal band).
 """
 
 from __future__ import annotations
@@ -26,6 +28,20 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+_compiled_flex = None
+
+
+def flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+    """Flex attention over a block mask, GQA without repeating K/V; compiled on CUDA (eager flex is a
+    reference implementation, used only for CPU checks without gradients)."""
+    global _compiled_flex
+    if q.device.type != "cuda":
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
 @dataclass
@@ -118,9 +134,12 @@ class Attention(nn.Module):
             k, v = cache.update(k, v)                           # [B, nkv, past+S, D]
         if attn_mask is None:                                   # causal over cache + new
             attn_mask = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(past)
-        rep = self.nh // self.nkv
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)   # [B, nh, S, D]
+        if isinstance(attn_mask, BlockMask):     # training-time test on a GPU: only the blocks that attend
+            y = flex(q, k, v, attn_mask)
+        else:
+            rep = self.nh // self.nkv
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)   # [B, nh, S, D]
         return self.o_proj(y.transpose(1, 2).reshape(b, s, self.nh * self.d))
 
 

@@ -72,8 +72,10 @@ def build_trainer(cfg: PipelineConfig, s: Setup, world: distributed.World) -> Tr
     mode = (distributed.choose_parallel(t.parallel, draft, fsdp_min_params=t.fsdp_min_params)
             if world.distributed else "none")
     objective = distributed.parallelize(TTTObjective(draft, decay=t.step_decay), world, mode, shard=[draft.midlayer])
+    # One fused kernel for the whole update on a GPU (the foreach default makes several passes over
+    # 0.4B parameters' fp32 state: ~10 ms a step at 8B shapes); FSDP's sharded parameters keep foreach.
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=t.lr, betas=BETAS,
-                            weight_decay=t.weight_decay)
+                            weight_decay=t.weight_decay, fused=world.device.type == "cuda" and mode != "fsdp")
     return Trainer(draft, objective, opt, s.head_rows.to(world.device), world, amp_dtype(cfg, world.device), mode)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from steps.draft import DraftCache, Eagle3Draft
 from steps.training.plan import Batch
@@ -72,10 +73,29 @@ def ttt_mask(doc: Tensor, lays: list[Layout], j: int) -> Tensor:
     return torch.cat(blocks, dim=-1)[:, None]
 
 
-def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int,
-               valid: list[Tensor] | None = None) -> Iterator[tuple[Tensor, Layout]]:
+def block_mask(dense: Tensor) -> BlockMask:
+    """A dense TTT mask [B, 1, Q, K] as a flex-attention block mask (the same mask: no semantics
+    of its own, so the two attentions cannot disagree on who sees whom)."""
+    m = dense[:, 0]
+
+    def mask_mod(b, h, q, kv):
+        return m[b, q, kv]
+    return create_block_mask(mask_mod, B=m.shape[0], H=None, Q_LEN=m.shape[1], KV_LEN=m.shape[2],
+                             device=m.device)
+
+
+def use_flex(attention: str, device: torch.device) -> bool:
+    """auto: flex attention on CUDA (compiled, block-sparse); SDPA elsewhere (flex has no CPU backward)."""
+    if attention not in ("auto", "flex", "sdpa"):
+        raise ValueError(f"attention {attention!r}: expected auto, flex or sdpa")
+    return attention == "flex" or (attention == "auto" and device.type == "cuda")
+
+
+def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int, valid: list[Tensor] | None = None,
+               attention: str = "auto") -> Iterator[tuple[Tensor, Layout]]:
     """Yields (out_hidden [B, M_j, H], layout) of steps 0..steps-1; K/V of each step computed once."""
     cache, lays = DraftCache(), layouts(valid, batch.doc, steps)
+    flex = use_flex(attention, batch.doc.device)
     out = None
     for j, lay in enumerate(lays):
         same = _shift(batch.doc, 1 + j, -2) == batch.doc
@@ -86,7 +106,8 @@ def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int,
             slots = torch.where(lay.pad, 0, lays[j - 1].inv.gather(1, lay.idx))   # padding: any slot
             feature = out.gather(1, slots[:, :, None].expand(-1, -1, out.shape[-1]))
         pos = batch.pos.gather(1, lay.idx) + j
-        out = model.forward_hidden(tokens, feature, pos, cache, ttt_mask(batch.doc, lays, j))
+        mask = ttt_mask(batch.doc, lays, j)
+        out = model.forward_hidden(tokens, feature, pos, cache, block_mask(mask) if flex else mask)
         yield out, lay
 
 
@@ -116,7 +137,7 @@ def target_distributions(batch: Batch, head_rows: Tensor, valid: list[Tensor]) -
 
 
 def ttt_sums(model: Eagle3Draft, batch: Batch, head_rows: Tensor, valid: list[Tensor], *, decay: float,
-             denominators: Sequence[float]) -> tuple[Tensor, list[float], list[Tensor]]:
+             denominators: Sequence[float], attention: str = "auto") -> tuple[Tensor, list[float], list[Tensor]]:
     """Σ_j decay^j · Σ_p soft-CE(p) / denominators[j] over step j's positions `valid[j]`
     -> (loss, top-1 hits per step, out_hidden of each step).
 
@@ -125,7 +146,7 @@ def ttt_sums(model: Eagle3Draft, batch: Batch, head_rows: Tensor, valid: list[Te
     index, probs, argmax = target_distributions(batch, head_rows, valid)
     loss, hits, outs = torch.zeros((), device=batch.aux.device), [], []
     length = batch.doc.shape[1]
-    for j, (out, lay) in enumerate(ttt_unroll(model, batch, len(valid), valid)):
+    for j, (out, lay) in enumerate(ttt_unroll(model, batch, len(valid), valid, attention)):
         outs.append(out)
         b, p = valid[j].nonzero(as_tuple=True)
         if len(b) == 0:
@@ -139,12 +160,13 @@ def ttt_sums(model: Eagle3Draft, batch: Batch, head_rows: Tensor, valid: list[Te
     return loss, hits, outs
 
 
-def ttt_loss(model: Eagle3Draft, batch: Batch, head_rows: Tensor, *, steps: int,
-             decay: float) -> tuple[Tensor, list[float | None], int]:
+def ttt_loss(model: Eagle3Draft, batch: Batch, head_rows: Tensor, *, steps: int, decay: float,
+             attention: str = "auto") -> tuple[Tensor, list[float | None], int]:
     """Σ_j decay^j · mean soft-CE over step j's positions -> (loss, per-step top-1 acc, positions)."""
     valid = loss_positions(batch, model.t2d, steps)
     counts = [int(v.sum()) for v in valid]
-    loss, hits, _ = ttt_sums(model, batch, head_rows, valid, decay=decay, denominators=[max(1, n) for n in counts])
+    loss, hits, _ = ttt_sums(model, batch, head_rows, valid, decay=decay, denominators=[max(1, n) for n in counts],
+                             attention=attention)
     return loss, [h / n if n else None for h, n in zip(hits, counts, strict=True)], sum(counts)
 
 
