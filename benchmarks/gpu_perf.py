@@ -206,8 +206,7 @@ def bench_train(args: argparse.Namespace, ttt: int) -> dict:
     with torch.no_grad(), torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=DEVICE.type == "cuda"):
         same = {a: float(ttt_loss(draft, batch, tr.head_rows, steps=ttt, decay=cfg.train.step_decay,
                                   attention=a)[0]) for a in ("sdpa", "flex" if DEVICE.type == "cuda" else "sdpa")}
-    for _ in range(2):
-        train_step(tr, batch, cfg=cfg, lr=1e-4)
+    first = [round(train_step(tr, batch, cfg=cfg, lr=1e-4)["loss"], 4) for _ in range(3)]   # compiles
     _sync()
     if args.profile:
         profile(lambda: train_step(tr, batch, cfg=cfg, lr=1e-4), Path(args.out or ".") / f"profile-ttt{ttt}.txt")
@@ -221,7 +220,7 @@ def bench_train(args: argparse.Namespace, ttt: int) -> dict:
            "step_s": round(step, 4), "tokens_per_s": round(batch.tokens / step),
            "tflops_matmul": round(flops / step / 1e12, 1), "mfu_vs_790": round(flops / step / 790e12, 3),
            "trainable_params": distributed.trainable_params(draft), "peak_mem_gib": _peak(),
-           "loss_sdpa_vs_flex": same}
+           "loss_sdpa_vs_flex": same, "first_losses": first}
     return row
 
 
