@@ -71,11 +71,6 @@ def build_trainer(cfg: PipelineConfig, s: Setup, world: distributed.World) -> Tr
     draft = s.model.to(world.device)
     mode = (distributed.choose_parallel(t.parallel, draft, fsdp_min_params=t.fsdp_min_params)
             if world.distributed else "none")
-    if world.device.type == "cuda" and mode != "fsdp":
-        # The layer's fp32 norms and RoPE are chains of small elementwise kernels whose launches, not the
-        # GPU, set the step's pace; compiled, each chain is one kernel (and flex attention its own).
-        # In place: parameter names, hence checkpoints and the exported weights, stay as they are.
-        draft.midlayer.compile()
     objective = distributed.parallelize(TTTObjective(draft, decay=t.step_decay), world, mode, shard=[draft.midlayer])
     # One fused kernel for the whole update on a GPU (the foreach default makes several passes over
     # 0.4B parameters' fp32 state: ~10 ms a step at 8B shapes); FSDP's sharded parameters keep foreach.
