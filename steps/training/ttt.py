@@ -95,7 +95,10 @@ def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int, valid: list[Tensor]
                attention: str = "auto") -> Iterator[tuple[Tensor, Layout]]:
     """Yields (out_hidden [B, M_j, H], layout) of steps 0..steps-1; K/V of each step computed once."""
     cache, lays = DraftCache(), layouts(valid, batch.doc, steps)
-    flex = use_flex(attention, batch.doc.device)
+    # Every step's mask up front: whatever waits for the GPU here waits before the unroll is queued.
+    masks = [ttt_mask(batch.doc, lays, j) for j in range(steps)]
+    if use_flex(attention, batch.doc.device):
+        masks = [block_mask(m) for m in masks]
     out = None
     for j, lay in enumerate(lays):
         same = _shift(batch.doc, 1 + j, -2) == batch.doc
@@ -106,8 +109,7 @@ def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int, valid: list[Tensor]
             slots = torch.where(lay.pad, 0, lays[j - 1].inv.gather(1, lay.idx))   # padding: any slot
             feature = out.gather(1, slots[:, :, None].expand(-1, -1, out.shape[-1]))
         pos = batch.pos.gather(1, lay.idx) + j
-        mask = ttt_mask(batch.doc, lays, j)
-        out = model.forward_hidden(tokens, feature, pos, cache, block_mask(mask) if flex else mask)
+        out = model.forward_hidden(tokens, feature, pos, cache, masks[j])
         yield out, lay
 
 
@@ -137,26 +139,30 @@ def target_distributions(batch: Batch, head_rows: Tensor, valid: list[Tensor]) -
 
 
 def ttt_sums(model: Eagle3Draft, batch: Batch, head_rows: Tensor, valid: list[Tensor], *, decay: float,
-             denominators: Sequence[float], attention: str = "auto") -> tuple[Tensor, list[float], list[Tensor]]:
+             denominators: Sequence[float], attention: str = "auto") -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """Σ_j decay^j · Σ_p soft-CE(p) / denominators[j] over step j's positions `valid[j]`
     -> (loss, top-1 hits per step, out_hidden of each step).
 
+    Nothing here waits for the GPU once the unroll is queued (the hits are 0-d tensors, read by the
+    caller after the backward): a wait per TTT step left the GPU idle while the next step launched.
+
     The denominators are the *global* counts of step j's positions (over every rank), so ranks that
     each hold some rows of a batch sum to exactly the loss of the whole batch."""
+    where = [v.nonzero(as_tuple=True) for v in valid]
     index, probs, argmax = target_distributions(batch, head_rows, valid)
     loss, hits, outs = torch.zeros((), device=batch.aux.device), [], []
     length = batch.doc.shape[1]
     for j, (out, lay) in enumerate(ttt_unroll(model, batch, len(valid), valid, attention)):
         outs.append(out)
-        b, p = valid[j].nonzero(as_tuple=True)
+        b, p = where[j]
         if len(b) == 0:
-            hits.append(0.0)
+            hits.append(torch.zeros((), device=loss.device))
             continue
         tr = index[b * length + p + 1 + j]
         logits = model.compute_logits(out[b, lay.inv[b, p]]).float()      # head only where it counts
         ce = F.cross_entropy(logits, probs[tr], reduction="sum")
         loss = loss + decay**j * ce / denominators[j]
-        hits.append(float((logits.argmax(-1) == argmax[tr]).sum()))
+        hits.append((logits.argmax(-1) == argmax[tr]).sum())
     return loss, hits, outs
 
 
@@ -167,7 +173,7 @@ def ttt_loss(model: Eagle3Draft, batch: Batch, head_rows: Tensor, *, steps: int,
     counts = [int(v.sum()) for v in valid]
     loss, hits, _ = ttt_sums(model, batch, head_rows, valid, decay=decay, denominators=[max(1, n) for n in counts],
                              attention=attention)
-    return loss, [h / n if n else None for h, n in zip(hits, counts, strict=True)], sum(counts)
+    return loss, [float(h) / n if n else None for h, n in zip(hits, counts, strict=True)], sum(counts)
 
 
 class TTTObjective(nn.Module):
@@ -179,10 +185,11 @@ class TTTObjective(nn.Module):
         self.draft, self.decay = draft, decay
 
     def forward(self, batch: Batch, head_rows: Tensor, valid: list[Tensor], denominators: list[float],
-                scale: float) -> tuple[Tensor, list[float]]:
+                scale: float) -> tuple[Tensor, list[Tensor]]:
         """`scale` undoes the world-size averaging of DDP/FSDP gradients (1 for one process)."""
+        empty = not any(bool(v.any()) for v in valid)
         loss, hits, outs = ttt_sums(self.draft, batch, head_rows, valid, decay=self.decay, denominators=denominators)
-        if not any(bool(v.any()) for v in valid):
+        if empty:
             # This rank holds no counted prediction (or only padding) while others do: every trainable
             # parameter must still get a (zero) gradient, or DDP/FSDP wait for it forever.
             loss = loss + 0.0 * self.draft.compute_logits(outs[-1]).sum()
