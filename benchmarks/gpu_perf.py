@@ -234,8 +234,9 @@ def profile(fn, path: Path) -> None:
             fn()
         _sync()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(table)
+    path.write_text(table + "\n\nby host time\n" + host)
     print(table[:6000], flush=True)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from torch.nn.attention.flex_attention import BlockMask
 
 from steps.draft import DraftCache, Eagle3Draft
 from steps.training.plan import Batch
@@ -73,15 +73,32 @@ def ttt_mask(doc: Tensor, lays: list[Layout], j: int) -> Tensor:
     return torch.cat(blocks, dim=-1)[:, None]
 
 
+#: flex attention's block edge: a block of queries × keys is skipped, computed whole, or masked.
+FLEX_BLOCK = 128
+
+
 def block_mask(dense: Tensor) -> BlockMask:
     """A dense TTT mask [B, 1, Q, K] as a flex-attention block mask (the same mask: no semantics
-    of its own, so the two attentions cannot disagree on who sees whom)."""
-    m = dense[:, 0]
+    of its own, so the two attentions cannot disagree on who sees whom).
 
-    def mask_mod(b, h, q, kv):
-        return m[b, q, kv]
-    return create_block_mask(mask_mod, B=m.shape[0], H=None, Q_LEN=m.shape[1], KV_LEN=m.shape[2],
-                             device=m.device)
+    Built straight from the dense mask (which blocks attend somewhere, which attend everywhere):
+    `create_block_mask` re-derives the same tensor through vmap, a few hundred small launches a TTT
+    step on a step whose pace the host sets."""
+    m = dense[:, 0]
+    b, q, k = m.shape
+    nq, nk = -(-q // FLEX_BLOCK), -(-k // FLEX_BLOCK)
+    padded = F.pad(m, (0, nk * FLEX_BLOCK - k, 0, nq * FLEX_BLOCK - q))        # pads attend nowhere
+    blocks = padded.view(b, nq, FLEX_BLOCK, nk, FLEX_BLOCK)
+    some, every = blocks.any(4).any(2), blocks.all(4).all(2)                   # [B, nq, nk]
+
+    def listed(x: Tensor) -> tuple[Tensor, Tensor]:
+        order = torch.argsort(x.to(torch.int8), dim=-1, descending=True, stable=True)
+        return x.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    def mask_mod(bi, h, qi, ki):
+        return padded[bi, qi, ki]
+    return BlockMask.from_kv_blocks(*listed(some & ~every), *listed(every), BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(q, k))
 
 
 def use_flex(attention: str, device: torch.device) -> bool:
