@@ -1,10 +1,12 @@
 """Doctor: why does this EAGLE-3 draft get no acceptance? Every catalogue check on any checkpoint directory.
 
 Reads: a draft directory in any known layout (eaglenest's `sglang/` or `vllm/` export, SpecForge's
-SGLang export, a speculators directory, EAGLE's official release), optionally the target's HF
-directory (`--target`), a running server speaking SGLang's API (`--server`) and a serve record
-(`--serve-record`: the start attempts `steps.serve` writes). Writes nothing; prints one line per
-check (`--json`: `{"ok", "checks": [{"id", "status", "evidence", "fix"}]}`) and exits 1 on any FAIL.
+SGLang export, a speculators directory, EAGLE's official release) or an export artifact id; the
+target (`--target`: its HF directory or a target artifact id, like every step's `--target`; by
+default the one an eaglenest export's lineage names); a running server speaking SGLang's API
+(`--server`) and a serve record (`--serve-record`: the start attempts `steps.serve` writes).
+Writes nothing; prints one line per check (`--json`: `{"ok", "checks": [{"id", "status", "evidence",
+"fix"}]}`) and exits 1 on any FAIL, 2 on an input it cannot find.
 
 The layout comes from an explicit rules table over config.json and the weight keys (never from the
 path, `steps/layouts.py`). The checks are `steps/checks/` (`diagnose`); each names its catalogue row:
@@ -19,7 +21,7 @@ path, `steps/layouts.py`). The checks are `steps/checks/` (`diagnose`); each nam
 - F9 with `--target` and `--server`: offline τ (reference engine) vs live τ on the same prompts;
   offline good + live ≈ 1 means serving is misconfigured, not training.
 
-    eaglenest doctor PATH [--target DIR] [--server URL] [--context-length N] [--json]
+    eaglenest doctor PATH|EXPORT_ID [--target DIR|ID] [--store URI] [--server URL] [--context-length N] [--json]
 """
 
 from __future__ import annotations
@@ -30,8 +32,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from steps.artifacts import served_export, target_dir
 from steps.checks.diagnose import diagnose
 from steps.checks.finding import Finding
+from steps.store import ARTIFACT_ID, ArtifactError, open_store, store_uri_for
+
+#: where `--store` points when neither it nor EAGLENEST_STORE is set (the shipped configs' default).
+DEFAULT_STORE = "file://out/store"
 
 
 def report(findings: list[Finding]) -> dict[str, Any]:
@@ -48,10 +55,27 @@ def read_serve_record(path: Path) -> list[dict[str, Any]]:
     return list(data)
 
 
+def resolve_inputs(path: str, target: str | None, store_uri: str) -> tuple[Path, Path | None]:
+    """(draft directory, target directory): PATH and --target each as a directory or an artifact id;
+    with no --target, the target an eaglenest export's lineage records (None for foreign drafts)."""
+    draft_dir, lineage_target = served_export(path, store_uri)
+    if target is None:
+        return draft_dir, lineage_target
+    if Path(target).is_dir():
+        return draft_dir, Path(target)
+    if ARTIFACT_ID.fullmatch(target):
+        return draft_dir, target_dir(open_store(store_uri), target)
+    raise FileNotFoundError(f"--target {target}: neither a model directory nor a target artifact id (16 hex digits)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="eaglenest doctor", description=__doc__.splitlines()[0])
-    ap.add_argument("path", help="a draft directory (any layout: SGLang, speculators, EAGLE official)")
-    ap.add_argument("--target", default=None, help="the target model's HF directory (config.json, weights)")
+    ap.add_argument("path", help="a draft directory (any layout: SGLang, speculators, EAGLE official) "
+                                 "or an export artifact id")
+    ap.add_argument("--target", default=None, help="the target: its HF directory or a target artifact id "
+                                                   "(default: the one an eaglenest export was trained for)")
+    ap.add_argument("--store", default=None, help="artifact store URI for ids (default: $EAGLENEST_STORE, "
+                                                  f"else {DEFAULT_STORE})")
     ap.add_argument("--server", default=None, help="base URL of a running server speaking SGLang's API")
     ap.add_argument("--context-length", type=int, default=None, help="the serving context length (F5)")
     ap.add_argument("--trained-layer-ids", default=None,
@@ -62,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     trained = [int(i) for i in args.trained_layer_ids.split(",")] if args.trained_layer_ids else None
     record = read_serve_record(Path(args.serve_record)) if args.serve_record else None
     try:
-        findings = diagnose(args.path, target=args.target, server=args.server, context_length=args.context_length,
+        draft_dir, target = resolve_inputs(args.path, args.target, store_uri_for(args.store, DEFAULT_STORE))
+    except (OSError, KeyError, ArtifactError) as err:   # a missing dir, id or manifest: one line
+        print(f"eaglenest doctor: {err}", file=sys.stderr)
+        return 2
+    try:
+        findings = diagnose(draft_dir, target=target, server=args.server, context_length=args.context_length,
                             trained_layer_ids=trained, serve_record=record)
     except FileNotFoundError as err:
         print(f"eaglenest doctor: {err}", file=sys.stderr)

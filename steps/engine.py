@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -127,34 +128,52 @@ class Engine:
         s.x += new
         return new, a
 
-    # --- requests ------------------------------------------------------------------------------------------
+    # --- requests: generators yield each target forward's new tokens (the server streams them) -------------
+
+    def stream(self, input_ids, max_new_tokens: int, eos_token_id: int | list[int] | None = None,
+               stats: AcceptStats | None = None) -> Iterator[list[int]]:
+        """Speculative greedy decoding, yielding the tokens each round commits; accept counts go to `stats`."""
+        if self.draft is None:
+            raise ValueError("Engine.generate needs a draft; use generate_plain for the no-draft baseline")
+        prompt, eos = _as_list(input_ids), _eos_set(eos_token_id)
+        s = _State(x=list(prompt), target_cache=DynamicCache())
+        t, s.feats = self.target_forward(prompt, s.target_cache)     # prefill: f[0..P-1], proposes x[P]
+        s.x.append(int(t[-1]))
+        emitted = 0
+        while True:
+            out = _finish(s.x[len(prompt):], max_new_tokens, eos)
+            if len(out) > emitted:
+                yield out[emitted:]
+                emitted = len(out)
+            if _done(out, max_new_tokens, eos):
+                return
+            _, a = self.speculative_step(s)
+            if stats is not None:
+                stats.add(a)
+
+    def stream_plain(self, input_ids, max_new_tokens: int, eos_token_id: int | list[int] | None = None
+                     ) -> Iterator[list[int]]:
+        """Plain greedy decoding with the target alone (the baseline; no aux capture), a token at a time."""
+        prompt, eos = _as_list(input_ids), _eos_set(eos_token_id)
+        cache, out, ids = DynamicCache(), [], prompt
+        with torch.no_grad():
+            while not _done(out, max_new_tokens, eos):
+                logits = self._target(ids, cache).logits
+                out.append(int(logits[0, -1].argmax()))
+                ids = out[-1:]
+                yield out[-1:]
 
     def generate(self, input_ids, max_new_tokens: int, eos_token_id: int | list[int] | None = None
                  ) -> tuple[list[int], AcceptStats]:
         """Speculative greedy decoding -> (new tokens, accept counts)."""
-        if self.draft is None:
-            raise ValueError("Engine.generate needs a draft; use generate_plain for the no-draft baseline")
-        prompt, eos = _as_list(input_ids), _eos_set(eos_token_id)
         stats = AcceptStats(self.k)
-        s = _State(x=list(prompt), target_cache=DynamicCache())
-        t, s.feats = self.target_forward(prompt, s.target_cache)     # prefill: f[0..P-1], proposes x[P]
-        s.x.append(int(t[-1]))
-        while not _done(s.x[len(prompt):], max_new_tokens, eos):
-            _, a = self.speculative_step(s)
-            stats.add(a)
-        return _finish(s.x[len(prompt):], max_new_tokens, eos), stats
+        out = [tok for new in self.stream(input_ids, max_new_tokens, eos_token_id, stats) for tok in new]
+        return out, stats
 
-    @torch.no_grad()
     def generate_plain(self, input_ids, max_new_tokens: int, eos_token_id: int | list[int] | None = None
                        ) -> list[int]:
-        """Plain greedy decoding with the target alone (the baseline; no aux capture)."""
-        prompt, eos = _as_list(input_ids), _eos_set(eos_token_id)
-        cache, out, ids = DynamicCache(), [], prompt
-        while not _done(out, max_new_tokens, eos):
-            logits = self._target(ids, cache).logits
-            out.append(int(logits[0, -1].argmax()))
-            ids = out[-1:]
-        return _finish(out, max_new_tokens, eos)
+        """Plain greedy decoding with the target alone -> new tokens."""
+        return [tok for new in self.stream_plain(input_ids, max_new_tokens, eos_token_id) for tok in new]
 
 
 def served_as_eagle(draft: Eagle3Draft, target: torch.nn.Module) -> Eagle3Draft:

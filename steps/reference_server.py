@@ -10,9 +10,7 @@ draft's `fc` is skipped exactly as SGLang skips it: F1–F4 reproduce for real, 
 preflight, smoke test, benchmark and doctor are tested against a live server.
 Writes: nothing but its log (stdout).
 
-Endpoints (docs/ARCHITECTURE.md "Serving: the reference server"): `/health`, `/health_generate`
-(a real 1-token generation), `/server_info`, `/model_info`, `/v1/models`, `POST /generate`
-(SGLang's `spec_*` meta_info for finished requests), `POST /v1/completions` (SSE with `stream`).
+Endpoints: `steps/reference_http.py` (docs/ARCHITECTURE.md "Serving: the reference server").
 The engine decodes batch 1 and greedily: generation is serialised by one lock, a batched
 /generate is served request by request, and `temperature > 0` is refused (400), never ignored.
 
@@ -36,12 +34,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from steps.metrics import AcceptStats
+from steps.reference_http import Handler, finish_reason, sampling, spec_meta_info
 
 #: set to 1 to make the server hang "in CUDA graph capture" unless CUDA graphs are disabled (F6).
 HANG_ENV = "EAGLENEST_REFERENCE_HANG_WITH_CUDA_GRAPH"
@@ -49,14 +47,6 @@ HANG_ENV = "EAGLENEST_REFERENCE_HANG_WITH_CUDA_GRAPH"
 SHOWN_ALGORITHM = {"EAGLE3": "EAGLE3", "EAGLE": "EAGLE", "NEXTN": "EAGLE"}
 #: the reference engine's mode per algorithm: EAGLE3 captures aux layers, EAGLE sends the final hidden.
 ENGINE_ALGORITHM = {"EAGLE3": "EAGLE3", "EAGLE": "EAGLE", "NEXTN": "EAGLE"}
-#: SGLang's /health_generate prompt: one greedy token after token id 0.
-HEALTH_INPUT_IDS = [0]
-
-
-class RequestError(ValueError):
-    """A request the reference server cannot serve; answered with 400 and this message."""
-
-
 # --- argv: SGLang's flags ---------------------------------------------------------------------------
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
@@ -109,7 +99,7 @@ def cuda_graphs_disabled(args: argparse.Namespace) -> bool:
 
 # --- the engine behind the endpoints ------------------------------------------------------------------
 
-class Backend:
+class ServedModel:
     """The loaded target (+ draft) and the cumulative accept counts; one generation at a time."""
 
     def __init__(self, args: argparse.Namespace, extras: dict[str, Any], argv: list[str]):
@@ -170,7 +160,12 @@ class Backend:
         """The same generation, yielding the tokens of each target forward as it finishes."""
         max_new, eos = sampling(params, self.eos)
         with self.lock:
-            yield from (stream_speculative if self.speculative else stream_plain)(self, input_ids, max_new, eos)
+            if self.speculative:
+                stats = AcceptStats(self.args.speculative_num_steps)
+                yield from self.engine.stream(input_ids, max_new, eos, stats)
+                self.total.merge(stats)
+            else:
+                yield from self.engine.stream_plain(input_ids, max_new, eos)
 
     def response(self, input_ids: list[int], out: list[int], stats: AcceptStats | None, seconds: float,
                  eos: int | None) -> dict[str, Any]:
@@ -200,183 +195,6 @@ class Backend:
                 "draft_load_report": self.load_report}
 
 
-def sampling(params: dict[str, Any], eos: int | None) -> tuple[int, int | None]:
-    """(max_new_tokens, eos or None with ignore_eos); temperature > 0 is refused, not silently greedy."""
-    temperature = float(params.get("temperature", 0.0) or 0.0)
-    if temperature > 0:
-        raise RequestError(f"sampling_params.temperature={temperature}: the reference engine verifies greedily; "
-                           "use temperature 0 (benchmark sampled decoding on SGLang)")
-    return int(params.get("max_new_tokens", 128)), None if params.get("ignore_eos") else eos
-
-
-def finish_reason(out: list[int], eos: int | None) -> dict[str, Any]:
-    if out and eos is not None and out[-1] == eos:
-        return {"type": "stop", "matched": eos}
-    return {"type": "length", "length": len(out)}
-
-
-def spec_meta_info(stats: AcceptStats, completion_tokens: int, num_draft_tokens: int) -> dict[str, Any]:
-    """SGLang 0.5.23's `_calculate_spec_decoding_metrics` fields (sglang.md §4.3)."""
-    proposed = stats.verify_steps * (num_draft_tokens - 1)
-    return {"spec_verify_ct": stats.verify_steps, "spec_num_correct_drafts": stats.accepted_drafts,
-            "spec_num_proposed_drafts": proposed,
-            "spec_accept_rate": stats.accepted_drafts / proposed if proposed else 0.0,
-            # SGLang's own per-request number: counts the prefill token too (slightly high)
-            "spec_accept_length": completion_tokens / stats.verify_steps,
-            "spec_correct_drafts_histogram": list(stats.histogram)}
-
-
-# streaming mirrors Engine.generate / generate_plain step by step (the engine has no token callback)
-
-def stream_speculative(b: Backend, prompt: list[int], max_new: int, eos: int | None) -> Iterator[list[int]]:
-    from transformers import DynamicCache
-
-    from steps.engine import _State
-
-    e, emitted = b.engine, 0
-    s = _State(x=list(prompt), target_cache=DynamicCache())
-    t, s.feats = e.target_forward(prompt, s.target_cache)
-    s.x.append(int(t[-1]))
-    while True:
-        out = cut(s.x[len(prompt):], max_new, eos)
-        if len(out) > emitted:
-            yield out[emitted:]
-            emitted = len(out)
-        if len(out) >= max_new or (eos is not None and eos in out):
-            return
-        _, a = e.speculative_step(s)
-        b.total.add(a)
-
-
-def stream_plain(b: Backend, prompt: list[int], max_new: int, eos: int | None) -> Iterator[list[int]]:
-    import torch
-    from transformers import DynamicCache
-
-    e, cache, out, ids = b.engine, DynamicCache(), [], prompt
-    with torch.no_grad():
-        while len(out) < max_new and not (eos is not None and eos in out):
-            logits = e._target(ids, cache).logits
-            out.append(int(logits[0, -1].argmax()))
-            ids = out[-1:]
-            yield out[-1:]
-
-
-def cut(out: list[int], max_new: int, eos: int | None) -> list[int]:
-    if eos is not None and eos in out:
-        out = out[:out.index(eos) + 1]
-    return out[:max_new]
-
-
-# --- HTTP ------------------------------------------------------------------------------------------------
-
-def prompts_of(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], bool]:
-    """/generate's `text` or `input_ids`, single or batched -> (token id lists, batched?)."""
-    if body.get("input_ids") is not None:
-        ids = body["input_ids"]
-        batched = bool(ids) and isinstance(ids[0], list)
-        return ([list(map(int, x)) for x in ids] if batched else [list(map(int, ids))]), batched
-    if body.get("text") is not None:
-        texts = body["text"]
-        batched = isinstance(texts, list)
-        return [tokenizer(t)["input_ids"] for t in (texts if batched else [texts])], batched
-    raise RequestError("/generate needs 'text' (str or list) or 'input_ids' (list of ints or of lists)")
-
-
-class Handler(BaseHTTPRequestHandler):
-    backend: Backend          # set on the class by `serve`
-    hang: bool = False
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        b = self.backend
-        path = self.path.split("?")[0]
-        if path in ("/health", "/health_generate"):
-            if not b.ready or self.hang:
-                return self.send_json({"error": "starting"}, HTTPStatus.SERVICE_UNAVAILABLE)
-            b.generate(HEALTH_INPUT_IDS, {"max_new_tokens": 1, "ignore_eos": True})
-            return self.send_json({})
-        if not b.ready:
-            return self.send_json({"error": "starting"}, HTTPStatus.SERVICE_UNAVAILABLE)
-        if path in ("/server_info", "/get_server_info"):
-            return self.send_json(b.server_info())
-        if path in ("/model_info", "/get_model_info"):
-            return self.send_json({"model_path": b.args.model_path, "is_generation": True})
-        if path == "/v1/models":
-            return self.send_json({"object": "list", "data": [{"id": b.args.model_path, "object": "model"}]})
-        self.send_json({"error": f"no route {path}"}, HTTPStatus.NOT_FOUND)
-
-    def do_POST(self) -> None:
-        b = self.backend
-        if not b.ready:
-            return self.send_json({"error": "starting"}, HTTPStatus.SERVICE_UNAVAILABLE)
-        try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            if self.path == "/generate":
-                prompts, batched = prompts_of(body, b.tokenizer)
-                outs = [b.generate(ids, body.get("sampling_params") or {}) for ids in prompts]
-                return self.send_json(outs if batched else outs[0])
-            if self.path == "/v1/completions":
-                return self.completions(body)
-            self.send_json({"error": f"no route {self.path}"}, HTTPStatus.NOT_FOUND)
-        except (RequestError, ValueError, KeyError, TypeError) as err:
-            self.send_json({"error": {"message": str(err), "type": "BadRequestError"}}, HTTPStatus.BAD_REQUEST)
-
-    def completions(self, body: dict[str, Any]) -> None:
-        """OpenAI /v1/completions: one string prompt (or token ids), optional SSE streaming."""
-        b = self.backend
-        prompt = body.get("prompt", "")
-        ids = list(map(int, prompt)) if isinstance(prompt, list) else b.tokenizer(prompt)["input_ids"]
-        params = {"max_new_tokens": body.get("max_tokens", 16), "temperature": body.get("temperature", 0.0),
-                  "ignore_eos": body.get("ignore_eos", False)}
-        cid, model = f"cmpl-{uuid.uuid4().hex}", b.args.model_path
-        if not body.get("stream"):
-            r = b.generate(ids, params)
-            usage = {"prompt_tokens": len(ids), "completion_tokens": len(r["output_ids"]),
-                     "total_tokens": len(ids) + len(r["output_ids"])}
-            return self.send_json({"id": cid, "object": "text_completion", "created": int(time.time()),
-                                   "model": model, "usage": usage,
-                                   "choices": [{"index": 0, "text": r["text"], "logprobs": None,
-                                                "finish_reason": r["meta_info"]["finish_reason"]["type"]}]})
-        sampling(params, b.eos)                       # refuse before the 200 goes out
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        out: list[int] = []
-        text = ""
-        for new in b.stream(ids, params):
-            out += new
-            full = b.tokenizer.decode(out, skip_special_tokens=True)
-            self.sse({"id": cid, "object": "text_completion", "model": model,
-                      "choices": [{"index": 0, "text": full[len(text):], "finish_reason": None}]})
-            text = full
-        self.sse({"id": cid, "object": "text_completion", "model": model,
-                  "choices": [{"index": 0, "text": "", "finish_reason": finish_reason(out, b.eos)["type"]}],
-                  "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out),
-                            "total_tokens": len(ids) + len(out)}})
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-        self.close_connection = True
-
-    def sse(self, obj: dict[str, Any]) -> None:
-        self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
-        self.wfile.flush()
-
-    def send_json(self, obj: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, fmt: str, *args: Any) -> None:
-        if self.path.startswith("/health"):      # polled twice a second while starting: not worth a line
-            return
-        print(f"[reference_server] {self.address_string()} {fmt % args}", flush=True)
-
-
 # --- process ------------------------------------------------------------------------------------------------
 
 #: SGLang's escape hatch for a draft whose context is shorter than the target's (sglang.md §1.8).
@@ -396,7 +214,7 @@ def check_draft_context(draft_dir: Path, target_config: Any, extras: dict[str, A
 
 def serve(args: argparse.Namespace, extras: dict[str, Any], argv: list[str]) -> int:
     """Bind first (health answers 503 while loading, like SGLang), load, then serve until SIGTERM."""
-    backend = Backend(args, extras, argv)
+    backend = ServedModel(args, extras, argv)
     handler = type("BoundHandler", (Handler,), {"backend": backend})
     handler.hang = os.environ.get(HANG_ENV) == "1" and not cuda_graphs_disabled(args)
     httpd = ThreadingHTTPServer((args.host, args.port), handler)
@@ -419,7 +237,7 @@ def serve(args: argparse.Namespace, extras: dict[str, Any], argv: list[str]) -> 
     return 0 if backend.ready or handler.hang else 1
 
 
-def _load(backend: Backend, httpd: ThreadingHTTPServer) -> None:
+def _load(backend: ServedModel, httpd: ThreadingHTTPServer) -> None:
     try:
         t0 = time.perf_counter()
         backend.load()

@@ -3,8 +3,9 @@ serve as an EAGLE-3 draft, a tied head, and every other field an engine reads.
 
 SGLang fails with AttributeError at startup without `draft_vocab_size` and replaces the draft's
 lm_head by the target's when it is null (sglang.md §1.6); a `LlamaForCausalLM` draft is loaded as a
-plain Llama. The tables below are each engine's schema as eaglenest writes it; `loader` marks the
-fields the engine's loader itself needs, which is all doctor asks of a draft trained elsewhere.
+plain Llama. Each engine's schema as eaglenest writes it is its format's `fixed_fields` and
+`required_fields` (`steps/formats/<engine>.py`); `loader` marks the fields the engine's loader itself
+needs, which is all doctor asks of a draft trained elsewhere.
 """
 
 from __future__ import annotations
@@ -12,52 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from steps.checks.finding import Finding
-from steps.formats import layer_config
+from steps.formats import engine_format, layer_config
 
 MISSING = object()
 #: what a loader assumes for a field a foreign checkpoint leaves out (HF LlamaConfig defaults).
 LOADER_DEFAULTS = {"tie_word_embeddings": False, "transformer_layer_config.tie_word_embeddings": False}
 #: what fixes a directory eaglenest wrote: it is written by the export step only.
 REEXPORT_FIX = "re-export the draft with `python -m steps.export` (it writes the engine config from the target)"
-
-#: (dotted field, expected value, consequence, loader needs it) checked for exact equality.
-FIXED_FIELDS: dict[str, list[tuple[str, Any, str, bool]]] = {
-    "sglang": [
-        ("architectures", ["LlamaForCausalLMEagle3"], "SGLang would load another class (crash at startup on "
-         "hot_token_id, or a plain Llama)", True),
-        ("model_type", "llama", "SGLang builds the config class from it", True),
-        ("num_hidden_layers", 1, "eaglenest drafts have one layer; more would add random layers", False),
-        ("tie_word_embeddings", False, "a tied head would replace the trained lm_head by the embedding", True),
-    ],
-    "vllm": [
-        ("architectures", ["Eagle3Speculator"], "vLLM would not detect the speculators format", False),
-        ("speculators_model_type", "eagle3", "vLLM picks the algorithm from it", True),
-        ("transformer_layer_config.model_type", "llama", "the draft layer is a Llama layer", False),
-        ("transformer_layer_config.num_hidden_layers", 1, "eaglenest drafts have one layer", False),
-        ("transformer_layer_config.tie_word_embeddings", False, "a tied head drops the trained lm_head", True),
-        ("norm_before_residual", False, "the residual would be taken after hidden_norm, unlike training", False),
-        ("speculators_config.algorithm", "eagle3", "vLLM would run another algorithm", False),
-        ("speculators_config.default_proposal_method", "greedy", "must name a proposal method", False),
-    ],
-}
-#: fields that must exist with a value of the right type (eaglenest writes them all; the aux layer ids
-#: are F4's, steps/checks/layers.py).
-REQUIRED_FIELDS: dict[str, list[tuple[str, type | tuple[type, ...]]]] = {
-    "sglang": [("draft_vocab_size", int), ("vocab_size", int), ("hidden_size", int), ("intermediate_size", int),
-               ("num_attention_heads", int), ("num_key_value_heads", int), ("head_dim", int),
-               ("rms_norm_eps", (int, float)), ("max_position_embeddings", int), ("target_hidden_size", int),
-               ("torch_dtype", str)],
-    "vllm": [("draft_vocab_size", int), ("target_hidden_size", int),
-             ("transformer_layer_config.vocab_size", int), ("transformer_layer_config.hidden_size", int),
-             ("transformer_layer_config.intermediate_size", int),
-             ("transformer_layer_config.num_attention_heads", int),
-             ("transformer_layer_config.num_key_value_heads", int), ("transformer_layer_config.head_dim", int),
-             ("transformer_layer_config.rms_norm_eps", (int, float)),
-             ("transformer_layer_config.max_position_embeddings", int),
-             ("speculators_config.proposal_methods", list), ("speculators_config.verifier.name_or_path", str),
-             ("speculators_config.verifier.architectures", list), ("speculators_version", str),
-             ("transformer_layer_config.torch_dtype", str)],
-}
 
 
 def get_field(cfg: dict[str, Any], dotted: str) -> Any:
@@ -88,7 +50,7 @@ def config_problems(config: dict[str, Any], engine: str, *, loader_only: bool = 
     dv = _draft_vocab_problem(get_field(config, "draft_vocab_size"))
     if dv:
         out.append(("draft_vocab_size", dv))
-    for dotted, typ in ([] if loader_only else REQUIRED_FIELDS[engine]):
+    for dotted, typ in ([] if loader_only else engine_format(engine).required_fields):
         v = get_field(config, dotted)
         if dotted == "draft_vocab_size":
             continue
@@ -96,19 +58,14 @@ def config_problems(config: dict[str, Any], engine: str, *, loader_only: bool = 
             out.append((dotted, "required field is missing or null"))
         elif not isinstance(v, typ) or isinstance(v, bool):
             out.append((dotted, f"expected {typ}, got {type(v).__name__} {v!r}"))
-    for dotted, want, why, loader in FIXED_FIELDS[engine]:
+    for dotted, want, why, loader in engine_format(engine).fixed_fields:
         got = get_field(config, dotted)
         if loader_only and got is MISSING:
             got = LOADER_DEFAULTS.get(dotted, MISSING)
         if (loader or not loader_only) and got != want:
             out.append((dotted, f"expected {want!r}, got {'missing' if got is MISSING else repr(got)}: {why}"))
-    if engine == "vllm" and not loader_only:
-        methods = get_field(config, "speculators_config.proposal_methods")
-        if isinstance(methods, list) and not any(isinstance(m, dict) and m.get("proposal_type") == "greedy"
-                                                 and isinstance(m.get("speculative_tokens"), int)
-                                                 and m["speculative_tokens"] >= 1 for m in methods):
-            out.append(("speculators_config.proposal_methods",
-                        f"needs a greedy method with speculative_tokens ≥ 1, got {methods!r}"))
+    if not loader_only:
+        out += engine_format(engine).config_problems(config)
     out += _expectation_problems(config, engine, expect or {})
     return out
 

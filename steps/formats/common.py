@@ -125,3 +125,9 @@ class EngineFormat:
     layer_ids: Callable[[dict[str, Any]], list[int] | None]
     #: engine id = internal id + this (F4: SGLang names the output of layer k, vLLM the input).
     id_offset: int
+    #: F7: config fields that must equal a value (field, value, consequence, the loader needs it).
+    fixed_fields: list[tuple[str, Any, str, bool]]
+    #: F7: config fields that must exist with a value of this type.
+    required_fields: list[tuple[str, type | tuple[type, ...]]]
+    #: F7: (field, problem) for what a field-by-field check cannot express.
+    config_problems: Callable[[dict[str, Any]], list[tuple[str, str]]] = lambda config: []

@@ -114,5 +114,22 @@ def sglang_layer_ids(sglang_dir: Path) -> list[int]:
     return from_engine(ids, "sglang")
 
 
+#: config fields checked for exact equality (F7): (dotted field, value, what goes wrong otherwise,
+#: whether the engine's loader itself needs it — all doctor asks of a draft trained elsewhere).
+FIXED_FIELDS: list[tuple[str, Any, str, bool]] = [
+    ("architectures", ["LlamaForCausalLMEagle3"], "SGLang would load another class (crash at startup on "
+     "hot_token_id, or a plain Llama)", True),
+    ("model_type", "llama", "SGLang builds the config class from it", True),
+    ("num_hidden_layers", 1, "eaglenest drafts have one layer; more would add random layers", False),
+    ("tie_word_embeddings", False, "a tied head would replace the trained lm_head by the embedding", True),
+]
+#: fields that must exist with a value of the right type (eaglenest writes them all).
+REQUIRED_FIELDS: list[tuple[str, type | tuple[type, ...]]] = [
+    ("draft_vocab_size", int), ("vocab_size", int), ("hidden_size", int), ("intermediate_size", int),
+    ("num_attention_heads", int), ("num_key_value_heads", int), ("head_dim", int), ("rms_norm_eps", (int, float)),
+    ("max_position_embeddings", int), ("target_hidden_size", int), ("torch_dtype", str),
+]
+
 FORMAT = EngineFormat(name="sglang", key_map=KEY_MAP, architectures=ARCHITECTURES, resolve=resolve,
-                      build_config=build_config, layer_config=layer_config, layer_ids=layer_ids, id_offset=-1)
+                      build_config=build_config, layer_config=layer_config, layer_ids=layer_ids, id_offset=-1,
+                      fixed_fields=FIXED_FIELDS, required_fields=REQUIRED_FIELDS)

@@ -93,5 +93,41 @@ def layer_ids(config: dict[str, Any]) -> list[int] | None:
     return list(ids) if isinstance(ids, list) else None
 
 
+#: config fields checked for exact equality (F7): (dotted field, value, what goes wrong otherwise,
+#: whether the engine's loader itself needs it — all doctor asks of a draft trained elsewhere).
+FIXED_FIELDS: list[tuple[str, Any, str, bool]] = [
+    ("architectures", ["Eagle3Speculator"], "vLLM would not detect the speculators format", False),
+    ("speculators_model_type", "eagle3", "vLLM picks the algorithm from it", True),
+    ("transformer_layer_config.model_type", "llama", "the draft layer is a Llama layer", False),
+    ("transformer_layer_config.num_hidden_layers", 1, "eaglenest drafts have one layer", False),
+    ("transformer_layer_config.tie_word_embeddings", False, "a tied head drops the trained lm_head", True),
+    ("norm_before_residual", False, "the residual would be taken after hidden_norm, unlike training", False),
+    ("speculators_config.algorithm", "eagle3", "vLLM would run another algorithm", False),
+    ("speculators_config.default_proposal_method", "greedy", "must name a proposal method", False),
+]
+#: fields that must exist with a value of the right type (eaglenest writes them all).
+REQUIRED_FIELDS: list[tuple[str, type | tuple[type, ...]]] = [
+    ("draft_vocab_size", int), ("target_hidden_size", int), ("transformer_layer_config.vocab_size", int),
+    ("transformer_layer_config.hidden_size", int), ("transformer_layer_config.intermediate_size", int),
+    ("transformer_layer_config.num_attention_heads", int), ("transformer_layer_config.num_key_value_heads", int),
+    ("transformer_layer_config.head_dim", int), ("transformer_layer_config.rms_norm_eps", (int, float)),
+    ("transformer_layer_config.max_position_embeddings", int), ("speculators_config.proposal_methods", list),
+    ("speculators_config.verifier.name_or_path", str), ("speculators_config.verifier.architectures", list),
+    ("speculators_version", str), ("transformer_layer_config.torch_dtype", str),
+]
+
+def config_problems(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """What a field-by-field check cannot see: vLLM needs a greedy proposal method with ≥ 1 token."""
+    methods = (config.get("speculators_config") or {}).get("proposal_methods")
+    if isinstance(methods, list) and not any(isinstance(m, dict) and m.get("proposal_type") == "greedy"
+                                             and isinstance(m.get("speculative_tokens"), int)
+                                             and m["speculative_tokens"] >= 1 for m in methods):
+        return [("speculators_config.proposal_methods",
+                 f"needs a greedy method with speculative_tokens ≥ 1, got {methods!r}")]
+    return []
+
+
 FORMAT = EngineFormat(name="vllm", key_map=KEY_MAP, architectures=ARCHITECTURES, resolve=resolve,
-                      build_config=build_config, layer_config=layer_config, layer_ids=layer_ids, id_offset=0)
+                      build_config=build_config, layer_config=layer_config, layer_ids=layer_ids, id_offset=0,
+                      fixed_fields=FIXED_FIELDS, required_fields=REQUIRED_FIELDS,
+                      config_problems=config_problems)

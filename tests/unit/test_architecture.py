@@ -138,3 +138,16 @@ def test_no_flows_module_shadows_a_package():
     clashes = [p.stem for p in (ROOT / "flows").glob("*.py")
                if p.stem != "__init__" and importlib.util.find_spec(p.stem) is not None]
     assert clashes == [], f"flows/ modules shadowing importable packages: {clashes}"
+
+
+def test_the_config_names_exactly_the_registered_engines():
+    """A new export format is its module plus its ENGINES row; the config's Literal (kept so that loading a
+    config never imports torch) must name the same engines, or an export would be refused or unknown."""
+    from typing import get_args
+
+    from steps.config import ExportConfig
+    from steps.formats import ENGINES
+
+    (literal,) = get_args(ExportConfig.model_fields["engines"].annotation)
+    assert set(get_args(literal)) == set(ENGINES)
+    assert all(f.name == name and f.fixed_fields and f.required_fields for name, f in ENGINES.items())

@@ -8,6 +8,7 @@ SGLang export, speculators, and the EAGLE official release.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,31 @@ def test_f6_reports_disabled_cuda_graphs_and_the_start_attempts(tmp_path):
     found = check_cuda_graph({"cuda_graph_backend_decode": "disabled"}, doctor.read_serve_record(record))
     assert found.status == "warn" and "cuda_graph=True" in found.evidence and "healthy" in found.evidence
     assert check_cuda_graph({"cuda_graph_backend_decode": "full"}, None).status == "pass"
+
+
+def test_cli_takes_ids_like_the_steps_and_finds_the_target_through_the_lineage(tmp_path, capsys):
+    """PATH may be an export id and --target a target id (with --store), as for every step; without
+    --target, an eaglenest export's lineage names its target, so the target-dependent checks run."""
+    from tests.builders import bigram_world, free_port
+
+    world = bigram_world(tmp_path, free_port())
+    store, draft_dir = world["store"].uri, str(world["draft_dir"])
+
+    def checks(*argv: str) -> dict[str, str]:
+        assert doctor.main([*argv, "--json"]) == 0, capsys.readouterr()
+        return {c["id"]: c["status"] + c["evidence"] for c in json.loads(capsys.readouterr().out)["checks"]}
+
+    by_dir = checks(draft_dir, "--target", str(world["target_dir"]))
+    assert checks(world["export_id"], "--store", store) == by_dir
+    assert checks(draft_dir, "--target", world["target_id"], "--store", store) == by_dir
+    assert checks(draft_dir) == by_dir                                    # the lineage names the target
+    assert "capturable in a 4-layer target" in by_dir["F4"] and by_dir["F5"].startswith("PASS")
+    # a draft copied out of the store has no lineage: the target-dependent checks say they need one
+    alone = tmp_path / "copied"
+    shutil.copytree(draft_dir, alone)
+    found = checks(str(alone))
+    assert "capturable" not in found["F4"] and found["F5"].startswith("SKIP") and "pass the target" in found["F5"]
+    for bad in (["0123456789abcdef", "--store", store], [draft_dir, "--target", str(tmp_path / "nope")]):
+        assert doctor.main(bad) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("eaglenest doctor: ") and err.count("\n") == 1
