@@ -1,7 +1,7 @@
 """Orchestration overhead of the tiny pipeline run through deployments (issue 13): the wall time of
 `eagle3-pipeline/tiny` against the sum of its steps' own `run()` seconds, fresh and fully reused.
 
-    python benchmarks/orchestration_overhead.py [--dir /tmp/overhead] [--port 4300] [--reruns 1]
+    python benchmarks/orchestration_overhead.py [--dir /tmp/overhead] [--port 4300] [--reruns 1] [--keep]
 
 Starts a private stack (`flows.stack.Stack`, no UI, no scheduler) with an empty `file://` store, runs the
 pipeline once (every step computes) and `--reruns` more times (every artifact reused), and prints one
@@ -67,12 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=4300)
     parser.add_argument("--reruns", type=int, default=1)
     parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep --dir's store (every run is then a rerun: measures reuse only)")
     args = parser.parse_args(argv)
 
     from flows.stack import Stack
 
     root = Path(args.dir)
-    shutil.rmtree(root, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
     store_uri = f"file://{(root / 'store').resolve()}"
     stack = Stack(dir=root / "stack", port=args.port, store_uri=store_uri, ui=False, scheduler=False)
     t0 = time.monotonic()
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"what": "stack up", "seconds": round(time.monotonic() - t0, 1)}), flush=True)
         for i in range(1 + args.reruns):
             result = run_once(stack, store_uri, args.config)
-            print(json.dumps({"what": "fresh" if i == 0 else "reused", **result,
+            print(json.dumps({"what": "fresh" if i == 0 and not args.keep else "reused", **result,
                               "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
                               "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}), flush=True)
     finally:

@@ -9,7 +9,7 @@ Llama-3.1-8B-shaped target (H 4096, 32/8 heads, MLP 14336, target vocab 128256, 
 3 aux layers), `--tokens-per-gpu` tokens per rank per step (weak scaling: the global batch grows with
 N, as it does when a run is given more GPUs). `--shape h7168` is the 7168-wide draft of the founding
 MoE case (FSDP territory). Extraction runs the target itself (random bf16 weights, `--layers` decoder
-layers, one replica per rank) through `steps.extract.LocalBackend` (hooks on the aux layers and the
+layers, one replica per rank) through `steps.capture.LocalBackend` (hooks on the aux layers and the
 final norm; states copied to the host as the step does), then writes the shard (`steps.shards`, bf16)
 to local disk, timed apart. Throughput is the job's: all ranks' tokens over the slowest rank's
 median time. Rank 0 prints one JSON line per measurement (and appends it to `--out`), then a table.
@@ -144,7 +144,7 @@ def random_target(world: distributed.World, shape: dict, layers: int) -> torch.n
 
 
 def bench_extract(world: distributed.World, args: argparse.Namespace) -> dict:
-    from steps.extract import LocalBackend
+    from steps.capture import LocalBackend
     from steps.shards import write_shard
 
     shape = SHAPES[args.shape]

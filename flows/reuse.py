@@ -4,9 +4,11 @@ Every step is reusable by design (same inputs → same artifact id → not recom
 run each call still cost a child run: a worker pick-up, a fresh Python process, Prefect's start-up
 (15-20 s each on a small machine; a fully reused tiny rerun took minutes). So the orchestrator keeps a
 **call index** in the store: `calls/<key>.json` holds the record a step call returned, the key a hash of
-(step, the resolved config, input ids, options, code version). A later call with the same key whose
-artifact still exists (its manifest is there) is answered from the index in the parent, marked
-`"reused": true` with 0 seconds, without starting a child.
+(step, the resolved config, input ids, options, the artifact id schema). The same schema `artifact_id`
+uses, not the git commit: a step called again after a commit returns its stored artifact all the same
+(ids do not change with the code), so the index answers exactly what the child run would have. A later
+call with the same key whose artifact still exists (its manifest is there) is answered from the index in
+the parent, marked `"reused": true` with 0 seconds, without starting a child.
 
 Which calls may be answered so:
 - target, datagen, extract, mapping, train, export, verify: their artifact is a function of the key;
@@ -24,14 +26,13 @@ artifacts themselves).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from steps.store import Store, canonical_json, code_version
+from steps.store import ID_SCHEMA, Store, canonical_json
 
 INDEX_PREFIX = "calls"
 #: steps whose record is a function of the call key
@@ -54,13 +55,8 @@ def deciding_call(step: str, options: dict[str, Any],
 
 def call_key(step: str, config: dict[str, Any], inputs: dict[str, str], options: dict[str, Any]) -> str:
     blob = canonical_json({"step": step, "config": config, "inputs": inputs,
-                           "options": {k: v for k, v in options.items() if v is not None}, "code": _code()})
+                           "options": {k: v for k, v in options.items() if v is not None}, "schema": ID_SCHEMA})
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-@functools.cache
-def _code() -> str:
-    return code_version()     # a `git rev-parse` per call otherwise
 
 
 def resolve(store: Store, step: str, config: dict[str, Any], inputs: dict[str, str],

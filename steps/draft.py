@@ -16,16 +16,35 @@ One layer (SGLang `llama_eagle3.py`):
 `out` (not the normed one) is the feature of the next chain step. Attention is one
 `scaled_dot_product_attention` call over `cat(cached keys, new keys)` with a boolean mask (True =
 attend), so training-time test and cached inference run the same code: training passes the TTT
-mask explicitly, inference the default causal mask over the cache.
+mask explicitly, inference the default causal mask over the cache. Training on a GPU passes the
+same mask as a flex-attention `BlockMask` instead: the same scores, but only the key blocks some
+query attends to are computed (a TTT step's chain keys are a narrow diagonal band).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+_compiled_flex = None
+
+
+def flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+    """Flex attention over a block mask, GQA without repeating K/V; compiled on CUDA (eager flex is a
+    reference implementation, used only for CPU checks without gradients)."""
+    global _compiled_flex
+    if q.device.type != "cuda":
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
 @dataclass
@@ -73,6 +92,36 @@ class DraftCache:
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
 
 
+def compiled_on_gpu(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """`fn` compiled (dynamic shapes) when its first argument is on a GPU, as written elsewhere.
+
+    For the elementwise chains of the layer (fp32 norms, RoPE, SiLU·up): eager, each is 5-10 small
+    kernels, and at 8B shapes their launches and memory passes were a third of a training step."""
+    compiled = None
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Tensor:
+        nonlocal compiled
+        if not args[0].is_cuda:
+            return fn(*args)
+        if compiled is None:
+            compiled = torch.compile(fn, dynamic=True)
+        return compiled(*args)
+    return call
+
+
+@compiled_on_gpu
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # normalise in fp32 (as Llama does) so bf16 training matches fp32 serving
+    xf = x.float()
+    return (weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+@compiled_on_gpu
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    return F.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -80,11 +129,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # normalise in fp32 (as Llama does) so bf16 training matches fp32 serving
-        xf = x.float()
-        return (self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
+@compiled_on_gpu
 def rope(x: Tensor, position_ids: Tensor, theta: float) -> Tensor:
     """Llama rotate-half RoPE. x: [B, h, S, D]; position_ids: [B, S]."""
     d = x.shape[-1]
@@ -118,9 +166,12 @@ class Attention(nn.Module):
             k, v = cache.update(k, v)                           # [B, nkv, past+S, D]
         if attn_mask is None:                                   # causal over cache + new
             attn_mask = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(past)
-        rep = self.nh // self.nkv
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)   # [B, nh, S, D]
+        if isinstance(attn_mask, BlockMask):     # training-time test on a GPU: only the blocks that attend
+            y = flex(q, k, v, attn_mask)
+        else:
+            rep = self.nh // self.nkv
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)   # [B, nh, S, D]
         return self.o_proj(y.transpose(1, 2).reshape(b, s, self.nh * self.d))
 
 
@@ -132,7 +183,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class MidLayer(nn.Module):

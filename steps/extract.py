@@ -5,12 +5,14 @@ writes a `hidden` artifact of shards (`steps/shards.py`), each holding whole seq
 
 Hidden states are huge (a 7168-wide target in bf16 costs 57 KB per token with three aux layers),
 so F8 is the failure this step exists to prevent: 21M tokens filled 924 GB and 5× more data could
-not fit a 1.8 TB disk. Extraction therefore runs in rounds: a round is as many shards as fit in
-`extract.disk_budget` of local bytes; each round is extracted, written, uploaded, verified in the
-store and deleted locally before the next begins. Peak local bytes are measured on disk (real
-file sizes, not estimates) and recorded in the manifest. A shard is the unit of resume: shard i
-always holds the same sequences, an uploaded shard is never recomputed, and a killed run loses at
-most the round in flight.
+not fit a 1.8 TB disk. Local disk is therefore bounded by `extract.disk_budget`: a shard is
+written only when its size bound fits beside the shards still awaiting upload, and each shard is
+uploaded, verified in the store and deleted locally as soon as it is written. Capture (the GPU,
+`steps/capture.py`), writes and uploads (two host threads, `steps/shard_writer.py`) overlap, so the
+target runs at the speed of its bare forward while the host keeps up. Peak local bytes are measured
+on disk (real file sizes, not estimates) and recorded in the manifest; `rounds` counts the
+budget-fulls the data makes. A shard is the unit of resume: shard i always holds the same sequences,
+an uploaded shard is never recomputed, and a killed run loses at most the shards in flight.
 
 The captured layers are recorded in the internal convention (F4: HF `hidden_states` index,
 i = input of decoder layer i); the `sglang` backend converts to SGLang's ids (internal − 1)
@@ -18,7 +20,7 @@ through `steps/layers.py` and refuses a server that captures other layers.
 
 On several GPUs (`torchrun --nproc-per-node N -m steps.extract ...`) each rank loads its own replica
 of the target and takes a contiguous range of the shards still to do; the disk budget is shared
-(each rank plans its rounds under budget / N), and rank 0 writes the manifest once every rank's
+(each rank writes under budget / N, into its own scratch folder), and rank 0 writes the manifest once every rank's
 shards are uploaded. The shards are the same files at any world size. Targets too large for one
 GPU are extracted with `extract.backend=sglang` from tensor-parallel SGLang servers.
 
@@ -31,19 +33,19 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import torch
-
-from steps import distributed, layers
-from steps.artifacts import load_target, read_conversations, target_config
+from steps import distributed
+from steps.artifacts import read_conversations, target_config
+from steps.capture import CaptureBackend, make_backend
 from steps.checks.disk import check_disk_budget
 from steps.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
-from steps.launch import get_json, post_json
 from steps.registry import step_main
-from steps.shards import bytes_per_token, shard_bytes_bound, write_shard
+from steps.shard_writer import ShardJob, ShardWriter
+from steps.shards import bytes_per_token, shard_bytes_bound, write_encoded
 from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
 
 log = logging.getLogger("eaglenest.extract")
@@ -134,171 +136,6 @@ def plan_rounds(shards: list[ShardPlan], disk_budget_bytes: int, world_size: int
     return [r for r in rounds if r]
 
 
-# --- backends -----------------------------------------------------------------------------------
-
-class CaptureBackend(Protocol):
-    """Runs the target over whole sequences and returns, per sequence, (aux [L, A*H], final [L, H])
-    on the CPU, in the target's float dtype (bf16 from a GPU replica, fp32 on a CPU or from SGLang)."""
-
-    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
-
-
-class LocalBackend:
-    """In-process forward with hooks on exactly the layers needed (no `output_hidden_states`).
-
-    A forward PRE-hook on decoder layer i sees its input, which is HF `hidden_states[i]` (the
-    internal id i); a hook on the final norm sees HF `hidden_states[-1]`. Materialising all N+1
-    hidden states would cost N/A times the memory for nothing. Only the base model runs, so the
-    [B, S, vocab] logits are never computed either.
-    """
-
-    def __init__(self, model: torch.nn.Module, layer_ids: list[int], *, pad_token_id: int = 0):
-        self.model, self.layer_ids, self.pad = model.eval(), list(layer_ids), pad_token_id
-        self.base = model.base_model
-        self.device = next(model.parameters()).device
-        self._seen: dict[Any, torch.Tensor] = {}
-        decoder_layers, norm = getattr(self.base, "layers", None), getattr(self.base, "norm", None)
-        if decoder_layers is None or norm is None:
-            raise ValueError(f"{type(model).__name__}: no base_model.layers / base_model.norm; the local "
-                             "backend knows Llama-style models (Llama, Qwen, Mistral); use extract.backend=sglang")
-        self._hooks = [decoder_layers[i].register_forward_pre_hook(self._keep_input(i), with_kwargs=True)
-                       for i in self.layer_ids]
-        self._hooks.append(norm.register_forward_hook(self._keep_output))
-
-    def close(self) -> None:
-        """Remove the hooks (the model is left as it was found)."""
-        for h in self._hooks:
-            h.remove()
-
-    def _keep_input(self, i: int):
-        def hook(module, args, kwargs):
-            # The residual stream is never modified in place by HF decoder layers: no copy needed.
-            self._seen[i] = args[0] if args else kwargs["hidden_states"]
-        return hook
-
-    def _keep_output(self, module, args, output) -> None:
-        self._seen["final"] = output
-
-    @torch.inference_mode()
-    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        lengths = [len(s) for s in batch_input_ids]
-        width = max(lengths)
-        # Right padding: real tokens keep positions 0..L-1 and, being causal, never see the pads.
-        ids = torch.full((len(lengths), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(lengths), width), dtype=torch.long)
-        for b, seq in enumerate(batch_input_ids):
-            ids[b, :len(seq)] = torch.tensor(seq)
-            mask[b, :len(seq)] = 1
-        self._seen.clear()
-        self.base(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
-        aux = torch.cat([self._seen[i] for i in self.layer_ids], dim=-1)   # [B, S, A*H]
-        final = self._seen["final"]                                        # [B, S, H]
-        self._seen.clear()
-        # One device→host copy per batch, in the target's dtype: on a GPU the states are bf16 already,
-        # so fp32 would double the bytes for nothing (shards store bf16 or fp8 of these values).
-        aux, final = aux.cpu(), final.cpu()
-        return [(aux[b, :n], final[b, :n]) for b, n in enumerate(lengths)]
-
-
-class SGLangBackend:
-    """A client for SGLang 0.5.23 servers of the target (how a TP=8 target is extracted).
-
-    Contract relied on (reference/sglang.md §2.2, §8 item 6), per server:
-    - aux server, launched with `--enable-return-aux-hidden-states --speculative-algorithm EAGLE3
-      --return-aux-hidden-state-layer-ids <layers.to_engine(layer_ids, "sglang")>
-      --disable-radix-cache`. `POST /generate {"input_ids": [[...], ...], "sampling_params":
-      {"max_new_tokens": 1, "temperature": 0}, "return_hidden_states": true}` answers one object
-      per sequence whose `meta_info.hidden_states` is a list with one entry per forward pass: entry
-      0 is the prefill, `[L, A*H]` = the aux states concatenated in ascending layer order. With
-      max_new_tokens=1 the generated token is never forwarded, so there is exactly that entry.
-      SGLang's ids name "output of layer k" and it captures k+1: ids = internal − 1 (F4).
-    - final server, launched with `--enable-return-hidden-states` (no aux capture): the same
-      request answers `[L, H]`, the hidden state SGLang hands its logits processor, i.e. after the
-      final norm = HF `hidden_states[-1]`.
-    The aux response does NOT carry the final hidden state, and the final one cannot be captured
-    as an aux layer (the last layer's output is never entered by a later layer), hence two servers
-    (or one server relaunched between two passes over the data).
-    The radix cache must be off: a cached prefix is not recomputed and its rows would be missing
-    (checked per request: rows must equal L).
-    """
-
-    def __init__(self, aux_url: str, final_url: str | None, layer_ids: list[int], *, hidden_size: int,
-                 timeout_s: float = 600.0):
-        if not final_url:
-            raise ValueError("extract.backend=sglang needs two servers: extract.server_url (launched with "
-                             "--enable-return-aux-hidden-states) and a final-hidden server (launched with "
-                             "--enable-return-hidden-states), because SGLang's aux response does not carry "
-                             "the final hidden state")
-        self.aux_url, self.final_url = aux_url.rstrip("/"), final_url.rstrip("/")
-        self.layer_ids, self.hidden_size, self.timeout_s = list(layer_ids), hidden_size, timeout_s
-        self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang")
-
-    def check_server(self, num_hidden_layers: int) -> None:
-        """Refuse an aux server that captures other layers than the ones recorded (F4)."""
-        info = self._get(f"{self.aux_url}/server_info")
-        ids = info.get("return_aux_hidden_state_layer_ids")
-        if ids is None:  # the server captures the model's EAGLE-3 defaults
-            captured = layers.default_aux_layer_ids(num_hidden_layers)
-        else:
-            captured = layers.from_engine(list(ids), "sglang")
-        if captured != self.layer_ids:
-            raise ValueError(
-                f"SGLang server {self.aux_url} captures internal layers {captured} "
-                f"(--return-aux-hidden-state-layer-ids={ids}), but extract records {self.layer_ids}; "
-                f"relaunch it with --return-aux-hidden-state-layer-ids "
-                f"{' '.join(map(str, self.sglang_layer_ids))} (SGLang ids = internal − 1)")
-
-    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        aux = self._prefill_hidden(self.aux_url, batch_input_ids, len(self.layer_ids) * self.hidden_size)
-        final = self._prefill_hidden(self.final_url, batch_input_ids, self.hidden_size)
-        return list(zip(aux, final, strict=True))
-
-    def _prefill_hidden(self, url: str, batch: list[list[int]], width: int) -> list[torch.Tensor]:
-        body = {"input_ids": batch, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-                "return_hidden_states": True}
-        outs = self._post(f"{url}/generate", body)
-        result = []
-        for seq, out in zip(batch, outs, strict=True):
-            states = out["meta_info"].get("hidden_states")
-            if not states:
-                raise ValueError(f"{url}/generate returned no meta_info.hidden_states; launch the server "
-                                 "with --enable-return-aux-hidden-states / --enable-return-hidden-states")
-            x = torch.tensor(states[0], dtype=torch.float32)
-            if x.ndim != 2 or x.shape[1] != width:
-                # H-wide rows from the aux server mean aux capture is off: training on them is F1's
-                # silent "accept length 1" in the making.
-                raise ValueError(f"{url}/generate returned hidden rows of shape {tuple(x.shape)}, expected "
-                                 f"[{len(seq)}, {width}]; check the server's --enable-return-aux-hidden-states "
-                                 "/ --enable-return-hidden-states flags and that it serves this target")
-            if x.shape[0] != len(seq):
-                raise ValueError(f"{url}/generate returned {x.shape[0]} hidden rows for {len(seq)} input "
-                                 "tokens; launch the server with --disable-radix-cache")
-            result.append(x)
-        return result
-
-    def _get(self, url: str) -> dict[str, Any]:
-        return get_json(url, self.timeout_s)
-
-    def _post(self, url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        out = post_json(url, body, self.timeout_s)
-        return out if isinstance(out, list) else [out]
-
-
-def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int],
-                 tcfg: dict[str, Any], device: torch.device | None = None) -> CaptureBackend:
-    """The SGLang client, or the target loaded on `device` (default: the first GPU, else the CPU)."""
-    if cfg.extract.backend == "sglang":
-        backend = SGLangBackend(str(cfg.extract.server_url), cfg.extract.final_server_url,
-                                layer_ids, hidden_size=tcfg["hidden_size"])
-        backend.check_server(tcfg["num_hidden_layers"])
-        return backend
-    # fp32 on CPU (bf16 is ~20x slower on an AVX2 CPU), bf16 on CUDA.
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model, tokenizer = load_target(store, target_id, device=str(device), dtype=dtype)
-    return LocalBackend(model, layer_ids, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)
-
-
 # --- rounds -------------------------------------------------------------------------------------
 
 class ScratchDir:
@@ -311,25 +148,43 @@ class ScratchDir:
         self.root, self.peak_bytes = root, 0
 
     def measure(self) -> int:
-        used = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        used = 0
+        for p in self.root.rglob("*"):
+            try:                          # the uploader thread deletes uploaded shards meanwhile
+                used += p.stat().st_size if p.is_file() else 0
+            except FileNotFoundError:
+                pass
         self.peak_bytes = max(self.peak_bytes, used)
         return used
 
 
-def extract_shard(backend: CaptureBackend, plan: ShardPlan, sequences: list[dict[str, list[int]]],
-                  path: Path, *, batch_size: int, layer_ids: list[int], storage_dtype: str) -> dict[str, int]:
-    """Capture one shard's sequences in batches and write it."""
+def submit_shard(w: ShardWriter, backend: CaptureBackend, plan: ShardPlan, sequences: list[dict[str, list[int]]],
+                 path: Path, *, batch_size: int, storage_dtype: str) -> None:
+    """Capture one shard's sequences in batches, each handed to the writer as soon as it is queued
+    on the device (the GPU goes on with the next batch while the host takes this one)."""
     seqs = [sequences[i] for i in plan.sequences]
-    # Batch sequences of similar length together (less padding), then restore the shard's order.
+    job = ShardJob(path, [s["input_ids"] for s in seqs], [s["loss_mask"] for s in seqs], plan.bytes_bound, tag=plan)
+    # Batch sequences of similar length together (less padding); the writer restores the shard's order.
     by_length = sorted(range(len(seqs)), key=lambda k: len(seqs[k]["input_ids"]))
-    captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for start in range(0, len(seqs), batch_size):
-        batch = by_length[start:start + batch_size]
-        captured.update(zip(batch, backend.capture([seqs[k]["input_ids"] for k in batch]), strict=True))
-    aux = torch.cat([captured[k][0] for k in range(len(seqs))])      # [T, A*H]
-    final = torch.cat([captured[k][1] for k in range(len(seqs))])    # [T, H]
-    return write_shard(path, [s["input_ids"] for s in seqs], [s["loss_mask"] for s in seqs], aux, final,
-                       layer_ids=layer_ids, storage_dtype=storage_dtype)
+        keys = by_length[start:start + batch_size]
+        w.submit(job, keys, backend.capture_async([seqs[k]["input_ids"] for k in keys], storage_dtype))
+    w.finish(job)
+
+
+def shard_file_writer(layer_ids: list[int], storage_dtype: str) -> Callable[[ShardJob], int]:
+    """The writer's `write`: a filled job as one shard file -> its bytes."""
+    def write(job: ShardJob) -> int:
+        return write_encoded(job.path, job.input_ids, job.loss_masks, job.rows, layer_ids=layer_ids,
+                             storage_dtype=storage_dtype)["bytes"]
+    return write
+
+
+def extract_shard(backend: CaptureBackend, plan: ShardPlan, sequences: list[dict[str, list[int]]],
+                  path: Path, *, batch_size: int, layer_ids: list[int], storage_dtype: str) -> None:
+    """Capture one shard's sequences and write it, waiting for the file (one shard of `run_rounds`)."""
+    with ShardWriter(shard_file_writer(layer_ids, storage_dtype), budget_bytes=plan.bytes_bound) as w:
+        submit_shard(w, backend, plan, sequences, path, batch_size=batch_size, storage_dtype=storage_dtype)
 
 
 def upload_and_verify(writer: ArtifactWriter, plan: ShardPlan) -> dict[str, Any]:
@@ -356,27 +211,29 @@ def check_resumed(writer: ArtifactWriter, plans: list[ShardPlan]) -> None:
 
 def run_rounds(writer: ArtifactWriter, backend: CaptureBackend, rounds: list[list[ShardPlan]],
                sequences: list[dict[str, list[int]]], scratch: ScratchDir, *, cfg: PipelineConfig,
-               layer_ids: list[int], bar: Any) -> dict[str, Any]:
-    """extract → write locally → upload → verify → delete, one round at a time (this rank's shards)."""
+               layer_ids: list[int], budget_bytes: int, bar: Any) -> dict[str, Any]:
+    """capture → write locally → upload → verify → delete for this rank's shards, overlapped (`ShardWriter`):
+    a shard is written only when its size bound fits in `budget_bytes` beside the shards awaiting upload.
+    `rounds` (planned by `plan_rounds`) is how many budget-fulls the shards make; `capture_s` is the
+    wall time of the whole pipeline, the last upload included."""
     ex = cfg.extract
-    computed, computed_tokens, capture_s = 0, 0, 0.0
-    for r, shards in enumerate(rounds):
-        for plan in shards:
-            t0 = time.perf_counter()
-            extract_shard(backend, plan, sequences, scratch.root / plan.path, batch_size=ex.batch_size,
-                          layer_ids=layer_ids, storage_dtype=ex.storage_dtype)
-            capture_s += time.perf_counter() - t0
-            scratch.measure()
-            computed += 1
-            computed_tokens += plan.tokens
-            bar.update(plan.tokens)
-        for plan in shards:
-            upload_and_verify(writer, plan)
-        log.info("extract round %d/%d: %d shards, %d tokens uploaded; local peak %d bytes (budget %d)",
-                 r + 1, len(rounds), len(shards), sum(s.tokens for s in shards), scratch.peak_bytes,
-                 ex.disk_budget_bytes)
+    computed, computed_tokens = 0, 0
+    t0 = time.perf_counter()
+    with ShardWriter(shard_file_writer(layer_ids, ex.storage_dtype), budget_bytes=budget_bytes,
+                     upload=lambda job: upload_and_verify(writer, job.tag),
+                     written=lambda job: scratch.measure()) as w:
+        for r, shards in enumerate(rounds):
+            for plan in shards:
+                submit_shard(w, backend, plan, sequences, scratch.root / plan.path, batch_size=ex.batch_size,
+                             storage_dtype=ex.storage_dtype)
+                computed += 1
+                computed_tokens += plan.tokens
+                bar.update(plan.tokens)
+            log.info("extract round %d/%d: %d shards, %d tokens captured; local peak so far %d bytes (budget %d)",
+                     r + 1, len(rounds), len(shards), sum(s.tokens for s in shards), scratch.peak_bytes,
+                     budget_bytes)
     return {"rounds": len(rounds), "computed_shards": computed, "computed_tokens": computed_tokens,
-            "capture_s": capture_s, "peak_local_bytes": scratch.peak_bytes}
+            "capture_s": time.perf_counter() - t0, "peak_local_bytes": scratch.peak_bytes}
 
 
 # --- the step -----------------------------------------------------------------------------------
@@ -418,7 +275,7 @@ def extract_range(writer: ArtifactWriter, mine: list[ShardPlan], sequences: list
             backend = make_backend(cfg, store, target_id, layer_ids, tcfg, world.device)
             rounds = plan_rounds(mine, cfg.extract.disk_budget_bytes, world.size)
             stats.update(run_rounds(writer, backend, rounds, sequences, scratch, cfg=cfg, layer_ids=layer_ids,
-                                    bar=bar))
+                                    budget_bytes=cfg.extract.disk_budget_bytes // world.size, bar=bar))
     # F8: what the plan promised, measured; a rank that overran its share must not publish the artifact.
     budget = check_disk_budget(stats["peak_local_bytes"], cfg.extract.disk_budget_bytes // world.size,
                                where=f"extract rank {world.rank}")

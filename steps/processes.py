@@ -71,14 +71,18 @@ def stop_process(process: subprocess.Popen, grace_s: float) -> int:
 def wait_until(ready: Callable[[], bool], *, timeout_s: float, alive: Callable[[], bool] = lambda: True,
                interval_s: float = 0.5, max_interval_s: float | None = None) -> Outcome:
     """Poll `ready()` until true, the deadline, or `alive()` turning false. The interval grows by 1.5×
-    up to `max_interval_s` (default: it stays `interval_s`)."""
+    up to `max_interval_s` (default: it stays `interval_s`).
+
+    `alive()` is asked first and again after `ready()`: a server that could not bind its port exits at
+    once while another process on that port (another pipeline's server) answers its health URL; that is
+    "exited", never "ready"."""
     deadline = time.monotonic() + timeout_s
     delay = interval_s
     while True:
-        if ready():
-            return "ready"
         if not alive():
             return "exited"
+        if ready():
+            return "ready" if alive() else "exited"
         if time.monotonic() >= deadline:
             return "timeout"
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 from steps.artifacts import served_export
 from steps.config import PipelineConfig
 from steps.launch import ServerStartError, launch_with_fallback
+from steps.processes import forwarding_signals
 from steps.registry import UsageError, step_main
 from steps.serving import LAUNCHERS, build_sglang_command, health_url_for, preflight, start, target_config_for
 from steps.store import store_uri_for
@@ -107,19 +107,18 @@ def serve_until_interrupted(cfg: PipelineConfig, args: argparse.Namespace) -> in
         return 1
     print(json.dumps(server.attempts, indent=2))
     print(f"serving at {server.base_url}; Ctrl-C stops it", flush=True)
-    # SIGTERM (kill, docker stop) ends the wait like Ctrl-C: the server runs in its own session, so without
-    # this it would outlive us
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        server.process.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    # SIGTERM/SIGHUP (kill, docker stop) end the wait like Ctrl-C, and the server is stopped below: it runs in its
+    # own session and would outlive us. Not `forwarding_signals(server.stop)`: a handler that stops the server
+    # inside `Popen.wait()` deadlocks on the lock that wait holds; raising unwinds out of it first.
+    with forwarding_signals(_interrupt):
+        try:
+            server.process.wait()
+        except KeyboardInterrupt:
+            pass
     return server.stop()
 
 
-def _interrupt(signum: int, frame: object) -> None:
+def _interrupt() -> None:
     raise KeyboardInterrupt
 
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
 #: largest finite float8_e4m3fn value: a per-token scale of absmax/448 maps each row onto the
@@ -58,16 +57,33 @@ def shard_bytes_bound(tokens: int, sequences: int, *, hidden_size: int, num_aux:
 
 # --- encode / decode ----------------------------------------------------------------------------
 
-def _encode(x: torch.Tensor, storage_dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """float [T, D] → (stored tensor, per-token float32 scale [T, 1] or None)."""
-    x = x.detach().to("cpu", torch.float32)
+def encode(x: torch.Tensor, storage_dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float [.., D] on any device → (stored tensor, per-token float32 scale [.., 1] or None).
+
+    bf16 states (a GPU replica's) are stored as they are, with no fp32 round trip; fp32 states
+    (a CPU replica's, SGLang's) round once. fp8 runs where the states are, so a GPU extraction
+    copies half the bytes to the host."""
     if storage_dtype == "bfloat16":
-        return x.to(torch.bfloat16).contiguous(), None
+        return x.detach().to(torch.bfloat16).contiguous(), None
+    if storage_dtype != "float8_e4m3fn":
+        raise ValueError(f"storage dtype {storage_dtype!r}: expected one of {sorted(STORAGE_DTYPES)}")
+    x = x.detach().float()
     absmax = x.abs().amax(dim=-1, keepdim=True)
     # An all-zero row (padding never reaches here, but a zero vector is legal) gets scale 1.
     scale = torch.where(absmax > 0, absmax / FP8_MAX, torch.ones_like(absmax))
     q = (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.contiguous(), scale.contiguous()
+
+
+def encode_states(aux: torch.Tensor, final: torch.Tensor, storage_dtype: str) -> dict[str, torch.Tensor]:
+    """The stored hidden tensors of a shard (`aux_hidden`, `final_hidden`, fp8: `aux_scale`, `final_scale`)."""
+    out = {}
+    for name, x in (("aux", aux), ("final", final)):
+        stored, scale = encode(x, storage_dtype)
+        out[f"{name}_hidden"] = stored
+        if scale is not None:
+            out[f"{name}_scale"] = scale
+    return out
 
 
 def _decode(stored: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -84,48 +100,70 @@ def write_shard(path: str | Path, input_ids: list[list[int]], loss_masks: list[l
     """
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage dtype {storage_dtype!r}: expected one of {sorted(STORAGE_DTYPES)}")
+    tokens, hidden = sum(len(s) for s in input_ids), final.shape[-1]
+    if final.shape != (tokens, hidden) or aux.shape != (tokens, len(layer_ids) * hidden):
+        raise ValueError(f"shard {path}: aux {tuple(aux.shape)} / final {tuple(final.shape)} do not "
+                         f"match {tokens} tokens × {len(layer_ids)} aux layers × hidden {hidden}")
+    return write_encoded(path, input_ids, loss_masks, encode_states(aux.cpu(), final.cpu(), storage_dtype),
+                         layer_ids=layer_ids, storage_dtype=storage_dtype)
+
+
+def write_encoded(path: str | Path, input_ids: list[list[int]], loss_masks: list[list[int]],
+                  states: dict[str, torch.Tensor], *, layer_ids: list[int], storage_dtype: str) -> dict[str, int]:
+    """Write a shard whose hidden tensors are encoded already (`encode_states`, CPU tensors)."""
     lengths = [len(s) for s in input_ids]
     if lengths != [len(m) for m in loss_masks]:
         raise ValueError(f"shard {path}: input_ids lengths {lengths} != loss_mask lengths "
                          f"{[len(m) for m in loss_masks]}")
-    tokens, hidden = sum(lengths), final.shape[-1]
-    if final.shape != (tokens, hidden) or aux.shape != (tokens, len(layer_ids) * hidden):
-        raise ValueError(f"shard {path}: aux {tuple(aux.shape)} / final {tuple(final.shape)} do not "
-                         f"match {tokens} tokens × {len(layer_ids)} aux layers × hidden {hidden}")
     tensors = {
         "input_ids": torch.tensor([t for s in input_ids for t in s], dtype=torch.int64),
         "loss_mask": torch.tensor([t for m in loss_masks for t in m], dtype=torch.uint8),
         "cu_seqlens": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64),
+        **states,
     }
-    for name, x in (("aux", aux), ("final", final)):
-        stored, scale = _encode(x, storage_dtype)
-        tensors[f"{name}_hidden"] = stored
-        if scale is not None:
-            tensors[f"{name}_scale"] = scale
     metadata = {"format": FORMAT, "layer_ids": json.dumps(list(layer_ids)),
-                "hidden_size": str(hidden), "num_aux": str(len(layer_ids)), "dtype": storage_dtype}
+                "hidden_size": str(states["final_hidden"].shape[-1]), "num_aux": str(len(layer_ids)),
+                "dtype": storage_dtype}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata=metadata)
-    canonicalize_header(path)
-    return {"tokens": tokens, "sequences": len(lengths), "bytes": path.stat().st_size}
+    save_sorted(tensors, path, metadata)
+    return {"tokens": sum(lengths), "sequences": len(lengths), "bytes": path.stat().st_size}
 
 
-def canonicalize_header(path: str | Path) -> None:
-    """Rewrite a safetensors header in place as sorted, compact JSON.
+#: safetensors' dtype names, in the order of its `Dtype` enum: it lays tensors out by descending
+#: enum position, then name; `save_sorted` does the same, so its files equal `save_file`'s byte for byte.
+_SAFETENSORS_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.float8_e5m2: "F8_E5M2",
+                       torch.float8_e4m3fn: "F8_E4M3", torch.int16: "I16", torch.float16: "F16",
+                       torch.bfloat16: "BF16", torch.int32: "I32", torch.float32: "F32", torch.float64: "F64",
+                       torch.int64: "I64"}
+_RANK = {d: i for i, d in enumerate(_SAFETENSORS_DTYPES)}
 
-    safetensors serialises `__metadata__` from a hash map, so its key order (and the file's sha256)
-    varied from run to run: two extractions of the same id wrote different bytes. The sorted header
-    has the same length (the same keys and values, compact either way); padded with spaces as
-    safetensors pads, so tensor offsets do not move."""
-    with open(path, "r+b") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        if len(text) > n:
-            raise ValueError(f"{path}: sorted safetensors header is {len(text)} bytes, longer than the {n} written")
-        f.seek(8)
-        f.write(text.ljust(n, b" "))
+
+def save_sorted(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """A safetensors file with a sorted, compact header, written straight from the tensors' memory.
+
+    `safetensors.torch.save_file` copies every tensor into a Python `bytes` first (one more pass
+    over ~1 GB a shard on the write path the extraction waits for) and serialises `__metadata__`
+    from a hash map, so its key order (and the file's sha256) varied from run to run. Here the
+    header is `json.dumps(sort_keys=True)`, padded with spaces to 8 bytes as safetensors pads, and
+    each tensor's bytes are written from a zero-copy view (the write releases the GIL)."""
+    order = sorted(tensors, key=lambda k: (-_RANK[tensors[k].dtype], k))
+    header: dict[str, Any] = {"__metadata__": metadata}
+    at = 0
+    for k in order:
+        t = tensors[k]
+        n = t.numel() * t.element_size()
+        header[k] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + n]}
+        at += n
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text = text.ljust(-(-len(text) // 8) * 8, b" ")
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for k in order:
+            t = tensors[k].detach().cpu().contiguous()
+            if t.numel():
+                f.write(t.view(-1).view(torch.uint8).numpy().data)
 
 
 def read_shard(path: str | Path) -> dict[str, Any]:

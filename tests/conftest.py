@@ -89,7 +89,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: "/tests/e2e/" in str(item.path).replace(os.sep, "/"))
 
 
-def _running(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """A live process (a zombie has exited; only its parent has not reaped it yet)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
@@ -125,7 +125,7 @@ def prefect_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         yield stack
     finally:
         down = eaglenest("stack", "down", "--dir", str(stack.dir), timeout_s=300)
-        left = [pid for pid in pids if pid and _running(pid)]
+        left = [pid for pid in pids if pid and process_alive(pid)]
         assert down.returncode == 0 and down.stdout.strip() == "worker stopped, server stopped", \
             (down.stdout + down.stderr)[-2000:]
         assert not left and not stack.status()["healthy"], f"`eaglenest stack down` left {left} running"

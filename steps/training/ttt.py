@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask
 
 from steps.draft import DraftCache, Eagle3Draft
 from steps.training.plan import Batch
@@ -72,10 +73,49 @@ def ttt_mask(doc: Tensor, lays: list[Layout], j: int) -> Tensor:
     return torch.cat(blocks, dim=-1)[:, None]
 
 
-def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int,
-               valid: list[Tensor] | None = None) -> Iterator[tuple[Tensor, Layout]]:
+#: flex attention's block edge: a block of queries × keys is skipped, computed whole, or masked.
+FLEX_BLOCK = 128
+
+
+def block_mask(dense: Tensor) -> BlockMask:
+    """A dense TTT mask [B, 1, Q, K] as a flex-attention block mask (the same mask: no semantics
+    of its own, so the two attentions cannot disagree on who sees whom).
+
+    Built straight from the dense mask (which blocks attend somewhere, which attend everywhere):
+    `create_block_mask` re-derives the same tensor through vmap, a few hundred small launches a TTT
+    step on a step whose pace the host sets."""
+    m = dense[:, 0]
+    b, q, k = m.shape
+    nq, nk = -(-q // FLEX_BLOCK), -(-k // FLEX_BLOCK)
+    padded = F.pad(m, (0, nk * FLEX_BLOCK - k, 0, nq * FLEX_BLOCK - q))        # pads attend nowhere
+    blocks = padded.view(b, nq, FLEX_BLOCK, nk, FLEX_BLOCK)
+    some, every = blocks.any(4).any(2), blocks.all(4).all(2)                   # [B, nq, nk]
+
+    def listed(x: Tensor) -> tuple[Tensor, Tensor]:
+        order = torch.argsort(x.to(torch.int8), dim=-1, descending=True, stable=True)
+        return x.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    def mask_mod(bi, h, qi, ki):
+        return padded[bi, qi, ki]
+    return BlockMask.from_kv_blocks(*listed(some & ~every), *listed(every), BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(q, k))
+
+
+def use_flex(attention: str, device: torch.device) -> bool:
+    """auto: flex attention on CUDA (compiled, block-sparse); SDPA elsewhere (flex has no CPU backward)."""
+    if attention not in ("auto", "flex", "sdpa"):
+        raise ValueError(f"attention {attention!r}: expected auto, flex or sdpa")
+    return attention == "flex" or (attention == "auto" and device.type == "cuda")
+
+
+def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int, valid: list[Tensor] | None = None,
+               attention: str = "auto") -> Iterator[tuple[Tensor, Layout]]:
     """Yields (out_hidden [B, M_j, H], layout) of steps 0..steps-1; K/V of each step computed once."""
     cache, lays = DraftCache(), layouts(valid, batch.doc, steps)
+    # Every step's mask up front: whatever waits for the GPU here waits before the unroll is queued.
+    masks = [ttt_mask(batch.doc, lays, j) for j in range(steps)]
+    if use_flex(attention, batch.doc.device):
+        masks = [block_mask(m) for m in masks]
     out = None
     for j, lay in enumerate(lays):
         same = _shift(batch.doc, 1 + j, -2) == batch.doc
@@ -86,7 +126,7 @@ def ttt_unroll(model: Eagle3Draft, batch: Batch, steps: int,
             slots = torch.where(lay.pad, 0, lays[j - 1].inv.gather(1, lay.idx))   # padding: any slot
             feature = out.gather(1, slots[:, :, None].expand(-1, -1, out.shape[-1]))
         pos = batch.pos.gather(1, lay.idx) + j
-        out = model.forward_hidden(tokens, feature, pos, cache, ttt_mask(batch.doc, lays, j))
+        out = model.forward_hidden(tokens, feature, pos, cache, masks[j])
         yield out, lay
 
 
@@ -116,36 +156,41 @@ def target_distributions(batch: Batch, head_rows: Tensor, valid: list[Tensor]) -
 
 
 def ttt_sums(model: Eagle3Draft, batch: Batch, head_rows: Tensor, valid: list[Tensor], *, decay: float,
-             denominators: Sequence[float]) -> tuple[Tensor, list[float], list[Tensor]]:
+             denominators: Sequence[float], attention: str = "auto") -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """Σ_j decay^j · Σ_p soft-CE(p) / denominators[j] over step j's positions `valid[j]`
     -> (loss, top-1 hits per step, out_hidden of each step).
 
+    Nothing here waits for the GPU once the unroll is queued (the hits are 0-d tensors, read by the
+    caller after the backward): a wait per TTT step left the GPU idle while the next step launched.
+
     The denominators are the *global* counts of step j's positions (over every rank), so ranks that
     each hold some rows of a batch sum to exactly the loss of the whole batch."""
+    where = [v.nonzero(as_tuple=True) for v in valid]
     index, probs, argmax = target_distributions(batch, head_rows, valid)
     loss, hits, outs = torch.zeros((), device=batch.aux.device), [], []
     length = batch.doc.shape[1]
-    for j, (out, lay) in enumerate(ttt_unroll(model, batch, len(valid), valid)):
+    for j, (out, lay) in enumerate(ttt_unroll(model, batch, len(valid), valid, attention)):
         outs.append(out)
-        b, p = valid[j].nonzero(as_tuple=True)
+        b, p = where[j]
         if len(b) == 0:
-            hits.append(0.0)
+            hits.append(torch.zeros((), device=loss.device))
             continue
         tr = index[b * length + p + 1 + j]
         logits = model.compute_logits(out[b, lay.inv[b, p]]).float()      # head only where it counts
         ce = F.cross_entropy(logits, probs[tr], reduction="sum")
         loss = loss + decay**j * ce / denominators[j]
-        hits.append(float((logits.argmax(-1) == argmax[tr]).sum()))
+        hits.append((logits.argmax(-1) == argmax[tr]).sum())
     return loss, hits, outs
 
 
-def ttt_loss(model: Eagle3Draft, batch: Batch, head_rows: Tensor, *, steps: int,
-             decay: float) -> tuple[Tensor, list[float | None], int]:
+def ttt_loss(model: Eagle3Draft, batch: Batch, head_rows: Tensor, *, steps: int, decay: float,
+             attention: str = "auto") -> tuple[Tensor, list[float | None], int]:
     """Σ_j decay^j · mean soft-CE over step j's positions -> (loss, per-step top-1 acc, positions)."""
     valid = loss_positions(batch, model.t2d, steps)
     counts = [int(v.sum()) for v in valid]
-    loss, hits, _ = ttt_sums(model, batch, head_rows, valid, decay=decay, denominators=[max(1, n) for n in counts])
-    return loss, [h / n if n else None for h, n in zip(hits, counts, strict=True)], sum(counts)
+    loss, hits, _ = ttt_sums(model, batch, head_rows, valid, decay=decay, denominators=[max(1, n) for n in counts],
+                             attention=attention)
+    return loss, [float(h) / n if n else None for h, n in zip(hits, counts, strict=True)], sum(counts)
 
 
 class TTTObjective(nn.Module):
@@ -157,10 +202,11 @@ class TTTObjective(nn.Module):
         self.draft, self.decay = draft, decay
 
     def forward(self, batch: Batch, head_rows: Tensor, valid: list[Tensor], denominators: list[float],
-                scale: float) -> tuple[Tensor, list[float]]:
+                scale: float) -> tuple[Tensor, list[Tensor]]:
         """`scale` undoes the world-size averaging of DDP/FSDP gradients (1 for one process)."""
+        empty = not any(bool(v.any()) for v in valid)
         loss, hits, outs = ttt_sums(self.draft, batch, head_rows, valid, decay=self.decay, denominators=denominators)
-        if not any(bool(v.any()) for v in valid):
+        if empty:
             # This rank holds no counted prediction (or only padding) while others do: every trainable
             # parameter must still get a (zero) gradient, or DDP/FSDP wait for it forever.
             loss = loss + 0.0 * self.draft.compute_logits(outs[-1]).sum()

@@ -164,7 +164,7 @@ def test_an_upload_starts_one_run_within_60_s_and_the_same_upload_none(prefect_s
     path = write_dataset(tmp_path / "prompts.jsonl")
     started = time.monotonic()  # the user's clock starts when they type the command
     uri, first = upload(prefect_stack, path, name)
-    assert ": uploaded;" in first and "eagle3-pipeline starts a run" in first
+    assert ": uploaded;" in first and "eagle3-pipeline/tiny starts a run" in first
     runs = wait_for_runs(prefect_stack, uri, 1, started + START_DEADLINE_S)
     try:
         assert len(runs) == 1, f"no run of {DEPLOYMENT} with dataset={uri} within {START_DEADLINE_S} s"

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from steps import layers
+from steps.capture import LocalBackend, SGLangBackend
 from steps.config import load_config
-from steps.extract import LocalBackend, SGLangBackend, extract_shard, hidden_id, main, plan_shards, run
+from steps.extract import extract_shard, hidden_id, main, plan_shards, run
 from steps.shards import bytes_per_token, iter_sequences, read_shard
 from steps.store import PARTIAL, open_store, sha256_file
 from tests.conftest import S3_BUCKET

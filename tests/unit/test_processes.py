@@ -60,6 +60,14 @@ def test_wait_until_says_ready_exited_or_timeout(tmp_path):
     assert processes.wait_until(lambda: next(calls), timeout_s=10, interval_s=0.01) == "ready"
 
 
+def test_a_server_that_died_is_not_ready_even_if_its_port_answers(tmp_path):
+    """A server that cannot bind its port exits while another pipeline's server answers the health URL:
+    that must read as exited (the old order, health first, took the foreign server for ours)."""
+    proc = processes.spawn([sys.executable, "-c", "raise SystemExit(1)"], log_path=tmp_path / "bind.log")
+    proc.wait()
+    assert processes.wait_until(lambda: True, timeout_s=5, alive=lambda: proc.poll() is None) == "exited"
+
+
 def test_http_status_of_nothing_listening_is_none():
     assert processes.http_status("http://127.0.0.1:9/health", timeout_s=2) is None
 

@@ -33,6 +33,7 @@ from steps.metrics import AcceptStats, acceptance_length_from_requests
 from steps.prompts import held_out_prompts
 from steps.reference_server import HANG_ENV
 from tests.builders import bigram_world, free_port
+from tests.conftest import process_alive
 
 LAYER_IDS, K = [1, 2, 3], 3
 F6_TIMEOUT_S = 40        # the retry must load within it on a loaded 2-core machine (~20 s)
@@ -229,13 +230,12 @@ def test_eagle_algorithm_skips_fc_and_live_tau_collapses_f1(world, spec_server, 
 def processes_with(*argv_words: str) -> list[int]:
     """Pids of the live processes whose argv holds every word in `argv_words`."""
     found = []
-    for proc in Path("/proc").iterdir():
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().split(")")[-1].split()[0]
-        except (OSError, IndexError):
+        except OSError:
             continue
-        if state != "Z" and all(w.encode() in argv for w in argv_words):
+        if all(w.encode() in argv for w in argv_words) and process_alive(int(proc.name)):
             found.append(int(proc.name))
     return found
 

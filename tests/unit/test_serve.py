@@ -4,7 +4,6 @@ launch / health deadline / CUDA-graph retry / stop lifecycle (F6) against a real
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import socket
@@ -19,6 +18,7 @@ from steps import launch as launching
 from steps.checks.context import LONGER_CONTEXT_ENV
 from steps.checks.finding import Finding
 from steps.config import PipelineConfig, parse_config
+from tests.conftest import process_alive
 
 #: the fast stand-in for SGLang's start-up (a script; see its docstring)
 FAKE_SERVER = Path(__file__).resolve().parents[1] / "fake_sglang.py"
@@ -28,16 +28,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); it has exited
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
 def draft_config(**overrides) -> dict:
@@ -295,13 +285,13 @@ def test_launch_waits_for_health_then_stop_ends_the_process_group(tmp_path, fake
         assert 1.5 <= waited < 10
         assert launching.health_status(health(port)) == 200
         child = int(child_pid_file.read_text())
-        assert pid_alive(child)
+        assert process_alive(child)
     finally:
         server.stop(grace_s=5)
     assert server.process.returncode is not None
     assert launching.health_status(health(port)) is None
     time.sleep(0.2)  # let init reap the child
-    assert not pid_alive(child), "stop() must end the server's children (SGLang scheduler processes)"
+    assert not process_alive(child), "stop() must end the server's children (SGLang scheduler processes)"
     # the server's output is in the log, and it saw the extra variable on top of our environment
     assert "mark: from-launch" in (tmp_path / "log" / "server.log").read_text()
 

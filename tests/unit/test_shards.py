@@ -124,3 +124,54 @@ def test_the_same_shard_written_by_two_processes_has_the_same_sha256(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert len({sha256_file(p) for p in paths}) == 1
     assert read_shard(paths[0])["layer_ids"] == [1, 2, 3]
+
+
+# --- the fast writer (issue 14) -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_the_shard_writer_writes_what_safetensors_writes_with_a_sorted_header(tmp_path, dtype):
+    """`save_sorted` writes from the tensors' memory: its files hold safetensors' tensor bytes at its offsets,
+    behind the same header sorted, and safetensors reads them back."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from steps.shards import encode_states, save_sorted
+
+    ids, masks, aux, final = _sequences([30, 50, 7])
+    tensors = {"input_ids": torch.tensor([t for s in ids for t in s]), "loss_mask": torch.ones(87, dtype=torch.uint8),
+               "cu_seqlens": torch.tensor([0, 30, 80, 87]), **encode_states(aux, final, dtype)}
+    meta = {"z": "1", "layer_ids": "[1, 2, 3]", "dtype": dtype}
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata=meta)
+    save_sorted(tensors, tmp_path / "ours.safetensors", meta)
+    ref, ours = (tmp_path / "ref.safetensors").read_bytes(), (tmp_path / "ours.safetensors").read_bytes()
+    n = int.from_bytes(ours[:8], "little")
+    assert len(ref) == len(ours) and ref[:8] == ours[:8] and ref[8 + n:] == ours[8 + n:]
+    header = ours[8:8 + n].decode()
+    assert json.loads(header) == json.loads(ref[8:8 + n])
+    assert header.rstrip() == json.dumps(json.loads(header), sort_keys=True, separators=(",", ":"))
+    with safe_open(str(tmp_path / "ours.safetensors"), framework="pt") as f:
+        for k, v in tensors.items():
+            assert torch.equal(f.get_tensor(k).view(torch.uint8), v.contiguous().view(torch.uint8))
+
+
+def test_bf16_states_are_stored_as_they_are():
+    """A GPU replica's bf16 states are not rounded through fp32 on their way to the file."""
+    from steps.shards import encode
+
+    x = torch.randn(5, 8).to(torch.bfloat16)
+    stored, scale = encode(x, "bfloat16")
+    assert scale is None and stored.dtype == torch.bfloat16 and torch.equal(stored, x)
+
+
+def test_training_batches_decode_fp8_shards(tmp_path):
+    """The trainer's batches come from `read_shard`: fp8 shards arrive as float32 within fp8's bound."""
+    from steps.training.plan import make_batch
+
+    ids, masks, aux, final = _sequences([40, 24])
+    write_shard(tmp_path / "s.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS, storage_dtype="float8_e4m3fn")
+    batch = make_batch(read_shard(tmp_path / "s.safetensors"), [[(0, 40), (1, 24)]], max_length=64)
+    assert batch.aux.dtype == torch.float32 and batch.aux.shape == (1, 64, A * H)
+    rel = (batch.aux[0] - aux).norm(dim=-1) / aux.norm(dim=-1)
+    assert 0 < rel.max() <= 2**-4
+    assert torch.allclose(batch.final[0], final, rtol=2**-4, atol=1e-6)
