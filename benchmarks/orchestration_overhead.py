@@ -36,7 +36,10 @@ def step_seconds(client: Any, parent: Any) -> dict[str, float]:
     children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
         parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent.id])))
     for child in children:
-        record = child.state.result(raise_on_failure=False) if child.state else None
+        try:
+            record = child.state.result(raise_on_failure=False) if child.state else None
+        except Exception:  # noqa: BLE001 — a failed child's stored exception may not load here
+            record = None
         if isinstance(record, dict) and "seconds" in record:
             out[child.name] = float(record["seconds"])
     return out

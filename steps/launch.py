@@ -43,6 +43,10 @@ class ServerStartError(RuntimeError):
         self.attempts = attempts
         super().__init__(message)
 
+    def __reduce__(self) -> tuple[type, tuple[str, list[dict[str, Any]]]]:
+        # Prefect persists a failed run's exception (pickled) and the parent reads it back: both arguments
+        return type(self), (str(self), self.attempts)
+
 
 @dataclass
 class Server:

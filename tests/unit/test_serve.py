@@ -395,3 +395,12 @@ def test_cli_finds_the_target_of_an_export_through_its_lineage(tmp_path, capsys)
     # neither a directory nor an id: one line naming both forms
     assert serve.main(["--config", "tiny", "--draft", str(tmp_path / "nope"), "--print-command"]) == 2
     assert "neither a directory nor an export artifact id" in capsys.readouterr().err
+
+
+def test_a_server_start_error_survives_pickling_with_its_attempts():
+    """Prefect pickles a failed run's exception and the parent pipeline unpickles it."""
+    import pickle
+
+    err = launching.ServerStartError("never healthy", [{"outcome": "failed", "cuda_graph": True}])
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == "never healthy" and back.attempts == err.attempts
