@@ -39,9 +39,9 @@ class ProgressArtifacts:
         self.step = step
         self.ids: dict[str, Any] = {}
 
-    def __call__(self, desc: str, done: float, total: float, unit: str) -> None:
+    def __call__(self, desc: str, done: float, total: float, unit: str, note: str = "") -> None:
         percent = 100.0 * min(1.0, done / total) if total else 100.0
-        text = f"{desc}: {done:,.0f} / {total:,.0f} {unit}"
+        text = f"{desc}: {done:,.0f} / {total:,.0f} {unit}" + (f" · {note}" if note else "")
         if desc not in self.ids:
             self.ids[desc] = create_progress_artifact(percent, description=text)
         else:

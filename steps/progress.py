@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-#: listener(desc, done, total, unit) — called from the step's thread.
-Listener = Callable[[str, float, float, str], None]
+#: listener(desc, done, total, unit, note) — called from the step's thread; `note` is the bar's latest
+#: status line ("" when none), e.g. train's "tau_sim 1.52 (best 1.55 @ step 200)".
+Listener = Callable[[str, float, float, str, str], None]
 
 _listeners: list[Listener] = []
 
@@ -50,7 +51,7 @@ class Bar:
         from tqdm import tqdm
 
         self.total, self.desc, self.unit, self.n = float(total), desc, unit, float(initial)
-        self.min_interval_s, self._last = min_interval_s, 0.0
+        self.min_interval_s, self._last, self.note = min_interval_s, 0.0, ""
         self._tqdm = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, disable=disable)
         self._notify(force=True)
 
@@ -62,6 +63,12 @@ class Bar:
     def set_postfix(self, **kwargs: object) -> None:
         self._tqdm.set_postfix(**kwargs)
 
+    def set_note(self, note: str) -> None:
+        """A status line for listeners and the terminal (printed above the bar), sent at once."""
+        self.note = note
+        self._tqdm.write(f"{self.desc}: {note}", file=sys.stderr)
+        self._notify(force=True)
+
     def _notify(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last < self.min_interval_s:
@@ -69,7 +76,7 @@ class Bar:
         self._last = now
         for fn in list(_listeners):
             try:
-                fn(self.desc, self.n, self.total, self.unit)
+                fn(self.desc, self.n, self.total, self.unit, self.note)
             except Exception as err:   # a UI hiccup must never fail the computation
                 print(f"progress listener failed: {err}", file=sys.stderr)
 
