@@ -28,7 +28,8 @@ fi
 started=$(date +%s)
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
-grep -v '^speculators' "$REQS" | "$VENV/bin/pip" install -q -c "$CONSTRAINTS" -r /dev/stdin
-"$VENV/bin/pip" install -q --no-deps "$(grep '^speculators' "$REQS")"
+NO_DEPS='^(speculators|hs-connectors)=='
+grep -Ev "$NO_DEPS" "$REQS" | "$VENV/bin/pip" install -q -c "$CONSTRAINTS" -r /dev/stdin
+grep -E "$NO_DEPS" "$REQS" | "$VENV/bin/pip" install -q --no-deps -r /dev/stdin
 inputs_hash > "$STAMP"
 echo "$VENV ready in $(( $(date +%s) - started )) s, $(du -sh "$VENV" | cut -f1)"
