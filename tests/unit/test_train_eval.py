@@ -4,6 +4,7 @@ chain drafting, the best checkpoint exported and named in the manifest, the log 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -105,3 +106,29 @@ def test_the_best_checkpoint_is_exported_and_the_log_manifest_and_progress_carry
     exported = load_file(str(art / "model.safetensors"))
     final = load_file(str(tmp_path / "last/artifacts/draft" / m_last.id / "model.safetensors"))
     assert torch.equal(exported["fc.weight"], final["fc.weight"]) == (m.metrics["exported_step"] == steps)
+
+
+def test_the_draft_starts_from_the_targets_head_rows_and_final_norm_when_asked(source, tmp_path):  # noqa: F811
+    from safetensors.torch import save_file
+
+    store, ids = fresh_store(source, tmp_path)
+    src = target_dir(store, ids["target_id"])
+    w = store.begin("target", "tgt-norm", step="target")                 # the same target, a non-unit norm
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copy(f, w.path(f.name))
+    weights = load_file(str(src / "model.safetensors"))
+    weights["model.norm.weight"] = torch.linspace(0.5, 1.5, weights["model.norm.weight"].numel())
+    save_file(weights, str(w.path("model.safetensors")), metadata={"format": "pt"})
+    w.commit(meta={"source": "tiny", "name": "tiny-test"})
+    ids["target_id"] = "tgt-norm"
+    setup = prepare(config(), store, ids["target_id"], ids["hidden_id"], ids["vocab_id"])
+    d2t = setup.model.d2t
+    head = weights["model.embed_tokens.weight"]                              # tied target
+    assert torch.equal(setup.model.lm_head.weight, head[d2t + torch.arange(len(d2t))])
+    assert torch.equal(setup.model.norm.weight, weights["model.norm.weight"])
+    assert setup.model.norm.weight.requires_grad and setup.model.lm_head.weight.requires_grad   # still trained
+    off = prepare(config(init_lm_head=False, init_norm=False), store, ids["target_id"], ids["hidden_id"],
+                  ids["vocab_id"])
+    assert torch.equal(off.model.norm.weight, torch.ones_like(off.model.norm.weight))
+    assert not torch.equal(off.model.lm_head.weight, setup.model.lm_head.weight)
