@@ -59,6 +59,7 @@ def main(work: Path, out: Path) -> None:
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.models.utils import resolve_draft_intermediate_size
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import AutoConfig
 
@@ -66,12 +67,16 @@ def main(work: Path, out: Path) -> None:
     torch.manual_seed(plan["seed"])
     torch.set_num_threads(plan.get("threads", torch.get_num_threads()))
     verifier = plan["target_dir"]
+    # The draft layer's config as `speculators.train.cli.create_transformer_layer_config` builds it for
+    # `--num-layers 1 --full-attention-indices 0` (that module needs httpx & co. to import): the
+    # verifier's Llama config, one layer, its MLP width (`resolve_draft_intermediate_size`), an untied
+    # head, full attention (sequences here are far below its 2048-token sliding window anyway).
     tl_config = AutoConfig.from_pretrained(verifier)
-    tl_config._attn_implementation = "sdpa"          # flex attention needs a GPU compile; same masks
-    # The draft's head is its own [draft_vocab, H] matrix (the target's rows copied in), never the
-    # embedding; a tied flag copied from a tied target (SmolLM2, the tiny Llama) would make vLLM drop it,
-    # and `eaglenest convert` refuses such a checkpoint for that reason.
+    tl_config.num_hidden_layers = 1
+    tl_config.intermediate_size = resolve_draft_intermediate_size(tl_config)
     tl_config.tie_word_embeddings = False
+    tl_config.layer_types = ["full_attention"]
+    tl_config._attn_implementation = "sdpa"          # flex attention needs a GPU compile; same masks
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=tl_config, draft_vocab_size=plan["draft_vocab_size"],
         # plain EAGLE-3, the architecture SGLang serves and eaglenest trains (the EAGLE-3.1 flags have
