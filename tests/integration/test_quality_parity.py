@@ -47,7 +47,7 @@ def test_the_harness_trains_both_drafts_on_the_tiny_target_and_measures_both(tmp
     venv = _venv()
     monkeypatch.setenv("EAGLENEST_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "parity"
-    result = run_parity("tiny", ["train.epochs=1", "verify.num_prompts=2", "verify.max_new_tokens=16"],
+    result = run_parity("tiny", ["train.max_steps=4", "verify.num_prompts=2", "verify.max_new_tokens=16"],
                         f"file://{tmp_path / 'store'}", out, venv)
     ours, theirs = result["rows"]["eaglenest"], result["rows"]["speculators 0.9.0"]
     for row in (ours, theirs):
