@@ -281,6 +281,9 @@ class _SilentBar:
     def set_postfix(self, **kwargs: object) -> None:
         pass
 
+    def set_note(self, **fields: object) -> None:
+        pass
+
 
 def progress_bar(world: World, *, total: float, desc: str, unit: str, initial: float = 0):
     """`steps.progress.bar(...)` on rank 0 (terminal + listeners), a silent stand-in elsewhere."""

@@ -30,7 +30,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from steps.draft import DraftCache, Eagle3Draft
-from steps.metrics import AcceptStats
+from steps.metrics import AcceptStats, accepted_prefix
 
 ALGORITHMS = ("EAGLE3", "EAGLE")
 
@@ -118,9 +118,7 @@ class Engine:
         d = self.draft_chain(s)
         # verify [x[n], d_1..d_k] at positions n..n+k in one target forward
         t, g = self.target_forward([s.x[n]] + d, s.target_cache)
-        a = 0
-        while a < self.k and d[a] == int(t[a]):
-            a += 1
+        a = int(accepted_prefix(torch.tensor(d) == t[:self.k]))
         new = d[:a] + [int(t[a])]
         # keep the target's cache for x[n], d_1..d_a; their features feed the draft next round
         _crop(s.target_cache, n + a + 1)

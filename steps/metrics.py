@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torch import Tensor
+
 
 @dataclass
 class AcceptStats:
@@ -50,6 +52,13 @@ class AcceptStats:
         return {"tau": self.tau, "per_position_acceptance": self.per_position,
                 "verify_steps": self.verify_steps, "accepted_drafts": self.accepted_drafts,
                 "accept_histogram": list(self.histogram), "num_steps": self.num_steps}
+
+
+def accepted_prefix(match: Tensor) -> Tensor:
+    """Greedy chain verification: drafts accepted in a round = the leading run of matches, so a draft
+    counts only while every draft before it was accepted. match: bool [..., k] (draft j == the
+    target's token there) -> int64 [...]. The engine's verify and training's τ_sim both count with it."""
+    return match.long().cumprod(-1).sum(-1)
 
 
 def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:

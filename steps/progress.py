@@ -96,6 +96,7 @@ class Bar:
 
         self.total, self.desc, self.unit, self.n = float(total), desc, unit, float(initial)
         self.initial, self.postfix, self._started = float(initial), {}, time.monotonic()
+        self.notes: dict[str, object] = {}
         self.min_interval_s, self._last = min_interval_s, 0.0
         self._tqdm = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, disable=disable)
         self._notify(force=True)
@@ -106,8 +107,17 @@ class Bar:
         self._notify(force=self.n >= self.total)
 
     def set_postfix(self, **kwargs: object) -> None:
-        self.postfix = dict(kwargs)
-        self._tqdm.set_postfix(**kwargs)
+        """What the bar shows after the count (e.g. the loss); replaced by the next call, notes stay."""
+        self.postfix = {**kwargs, **self.notes}
+        self._tqdm.set_postfix(**self.postfix)
+
+    def set_note(self, **fields: object) -> None:
+        """News worth sending at once (train's τ_sim after an evaluation): printed above the terminal bar,
+        sent to listeners unthrottled, and kept in the postfix of every later update."""
+        self.notes.update(fields)
+        self._tqdm.write(f"{self.desc}: " + ", ".join(f"{k} {v}" for k, v in fields.items()), file=sys.stderr)
+        self.set_postfix(**self.postfix)
+        self._notify(force=True)
 
     def _notify(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -57,7 +57,8 @@ from steps.config import PipelineConfig, resolve_draft_shape, resolve_max_positi
 from steps.draft import DraftConfig, Eagle3Draft
 from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id
-from steps.training.checkpoint import CKPT_PREFIX
+from steps.training.checkpoint import BEST_FILE, CKPT_PREFIX
+from steps.training.evaluate import held_out, load_eval_set
 from steps.training.loop import Setup, train_loop
 from steps.training.plan import ShardReader, build_plan, shard_paths
 
@@ -69,7 +70,8 @@ NOT_IN_ID = ("parallel", "fsdp_min_params")
 # --- inputs: target head, draft shape -----------------------------------------------------------------
 
 def read_target_head(tdir: Path, tcfg: dict[str, Any]) -> dict[str, Tensor]:
-    """The target's `embed_tokens.weight` and `lm_head.weight` (the embedding when tied), nothing else."""
+    """The target's `embed_tokens.weight`, `lm_head.weight` (the embedding when tied) and final
+    `norm.weight` (absent from the result when the checkpoint has none), nothing else."""
     index = tdir / "model.safetensors.index.json"
     files = ({n: tdir / f for n, f in json.loads(index.read_text())["weight_map"].items()} if index.is_file()
              else dict.fromkeys(_safetensors_keys(tdir / "model.safetensors"), tdir / "model.safetensors"))
@@ -84,6 +86,9 @@ def read_target_head(tdir: Path, tcfg: dict[str, Any]) -> dict[str, Tensor]:
                            f"(tie_word_embeddings={tied}); is this a Llama-style HF checkpoint?")
         with safe_open(str(files[want]), framework="pt") as f:
             out[name] = f.get_tensor(want).float()
+    if "model.norm.weight" in files:
+        with safe_open(str(files["model.norm.weight"]), framework="pt") as f:
+            out["norm.weight"] = f.get_tensor("model.norm.weight").float()
     return out
 
 
@@ -119,18 +124,26 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
     dcfg = draft_config(cfg, tcfg, len(layer_ids), d2t)
     head = read_target_head(tdir, tcfg)
     torch.manual_seed(cfg.seed)                   # every rank starts from the same weights
-    model = Eagle3Draft.from_target(head, dcfg, d2t, t2d)
+    model = Eagle3Draft.from_target(head, dcfg, d2t, t2d, init_lm_head=cfg.train.init_lm_head)
+    if cfg.train.init_norm and "norm.weight" in head:
+        # with the head copied too, the draft starts as the target's own head over its output
+        with torch.no_grad():
+            model.norm.weight.copy_(head["norm.weight"])
     budget = cfg.train.cache_budget or cfg.extract.disk_budget_bytes
     reader = ShardReader(store, hidden, int(budget))
     lengths = {rel: reader.lengths(rel) for rel in shard_paths(hidden)}
-    plan = build_plan(lengths, epochs=cfg.train.epochs, seed=cfg.seed, max_length=cfg.train.max_length,
-                      rows_per_batch=max(1, cfg.train.batch_tokens // cfg.train.max_length))
+    t = cfg.train
+    held = held_out(lengths, t.eval_fraction, cfg.seed) if t.eval_every else {}
+    plan = build_plan(lengths, epochs=t.epochs, seed=cfg.seed, max_length=t.max_length,
+                      rows_per_batch=max(1, t.batch_tokens // t.max_length), exclude=held)
+    eval_set = (load_eval_set(reader, lengths, held, max_length=t.max_length, max_tokens=t.eval_max_tokens)
+                if t.eval_every else None)
     meta = {**dcfg.to_dict(), "layer_ids": layer_ids,
             "target": {"num_hidden_layers": int(tcfg["num_hidden_layers"]), "hidden_size": int(tcfg["hidden_size"]),
                        "vocab_size": int(tcfg["vocab_size"]),
                        "max_position_embeddings": int(tcfg["max_position_embeddings"]),
                        "name": store.manifest("target", target_id).meta.get("name", cfg.target.display_name)}}
-    return Setup(model, head["lm_head.weight"][d2t + torch.arange(len(d2t))], reader, plan, meta)
+    return Setup(model, head["lm_head.weight"][d2t + torch.arange(len(d2t))], reader, plan, meta, eval_set)
 
 
 def draft_id(cfg: PipelineConfig, inputs: dict[str, str]) -> str:
@@ -163,6 +176,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
         writer.path(DRAFT_CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
         for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):      # resume state is not part of the artifact
             shutil.rmtree(ckpt)
+        writer.path(BEST_FILE).unlink(missing_ok=True)
         writer.commit(metrics=metrics, meta=setup.meta)
     distributed.barrier(world)                                   # the manifest exists for every rank now
     return store.manifest("draft", art_id)

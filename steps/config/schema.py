@@ -243,11 +243,30 @@ class TrainConfig(Section):
     #: Not part of the draft's id: the loss curve is the same at any world size.
     parallel: Literal["auto", "ddp", "fsdp"] = "auto"
     fsdp_min_params: Natural = 600_000_000
+    #: τ while training (steps/training/evaluate.py): every `eval_every` optimizer steps (and after the
+    #: last) the simulated acceptance length τ_sim on a held-out `eval_fraction` of the sequences (never
+    #: trained on; at most `eval_max_tokens` of them evaluated). 0 turns it off and trains on everything.
+    eval_every: int = Field(50, ge=0)
+    eval_fraction: float = Field(0.05, ge=0.0, le=0.5)
+    eval_max_tokens: int = Field(16384, ge=1)
+    #: export the checkpoint with the best τ_sim (the manifest names its step), not the last one.
+    keep_best: bool = True
+    #: start the draft's lm_head from the target's lm_head rows of the draft vocab, and its final norm
+    #: from the target's final norm (both still trained). Measured in benchmarks/README.md.
+    init_lm_head: bool = True
+    init_norm: bool = True
 
     @field_validator("cache_budget")
     @classmethod
     def _size(cls, v: int | str | None) -> int | None:
         return None if v is None else parse_size(v)
+
+    @model_validator(mode="after")
+    def _eval_split(self) -> TrainConfig:
+        if self.eval_every and not self.eval_fraction:
+            raise ValueError("train.eval_every > 0 needs a held-out split: set train.eval_fraction > 0 "
+                             "(e.g. 0.05), or train.eval_every: 0 to turn τ while training off")
+        return self
 
 
 class ExportConfig(Section):

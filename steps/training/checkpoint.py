@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from steps.training.loop import Trainer
 
 CKPT_PREFIX = "checkpoint-"
+#: the weights of the best τ_sim so far (steps/training/evaluate.py), in the staging folder until commit.
+BEST_FILE = "best-draft.safetensors"
 
 
 def fp32_state(state: dict[str, Tensor]) -> dict[str, Tensor]:

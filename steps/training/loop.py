@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from steps import distributed
 from steps.artifacts import DRAFT_LOG_FILE
 from steps.config import PipelineConfig
 from steps.draft import Eagle3Draft
-from steps.training.checkpoint import fp32_state, restore, save_checkpoint
+from steps.training.checkpoint import BEST_FILE, fp32_state, restore, save_checkpoint
+from steps.training.evaluate import EvalSet, due, exported_checkpoint, track_best
 from steps.training.plan import Batch, ShardReader, rank_batch, shard_paths
 from steps.training.ttt import TTTObjective, loss_positions
 
@@ -43,6 +45,7 @@ class Setup:
     reader: ShardReader
     plan: list
     meta: dict[str, Any]
+    eval_set: EvalSet | None = None    # the held-out split τ_sim is measured on (None: off)
 
 
 @dataclass
@@ -122,11 +125,15 @@ def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
             name, rows = s.plan[step]
             if name != shard_name:
                 shard_name, shard = name, s.reader.load(name)
-            batch = _to(rank_batch(shard, rows, t.max_length, world), world.device)
+            batch = rank_batch(shard, rows, t.max_length, world).to(world.device)
             t0 = time.perf_counter()
             lr = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
             rec = {"step": step, **train_step(tr, batch, cfg=cfg, lr=lr), "shard": name}
             state["train_s"] += time.perf_counter() - t0
+            if s.eval_set is not None and due(step + 1, total, t.eval_every):
+                rec.update(track_best(cfg, tr, s.eval_set, staging, state, step + 1))
+                best = state["best"]
+                bar.set_note(tau_sim=rec["tau_sim"], best=f"{best['tau_sim']:.3f} @ step {best['step']}")
             state["tokens"] += rec["tokens"]
             state["shards_read"] = sorted(s.reader.read)
             if world.is_main:
@@ -141,11 +148,11 @@ def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
                 on_step(step + 1, rec)
     metrics = {**_summary(state, recent, total, len(s.plan), s.reader), "world_size": world.size,
                "parallel": tr.parallel}
-    return metrics, fp32_state(distributed.full_state(tr.draft)[0])
-
-
-def _to(batch: Batch, device: torch.device) -> Batch:
-    return Batch(*(getattr(batch, f).to(device) for f in Batch.__dataclass_fields__))
+    weights = fp32_state(distributed.full_state(tr.draft)[0])
+    metrics.update(exported_checkpoint(cfg, staging, state))
+    if world.is_main and metrics.get("exported_step") not in (None, total):   # the best, not the last
+        weights = load_file(str(staging / BEST_FILE))
+    return metrics, weights
 
 
 def _summary(state: dict[str, Any], recent: list[dict[str, Any]], steps: int, planned: int,

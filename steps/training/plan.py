@@ -32,6 +32,9 @@ class Batch:
     def tokens(self) -> int:
         return int((self.doc >= 0).sum())
 
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(getattr(self, f).to(device) for f in Batch.__dataclass_fields__))
+
 
 def shard_paths(hidden: Manifest) -> list[str]:
     shards = hidden.meta.get("shards")
@@ -59,9 +62,12 @@ def pack(lengths: list[int], order: list[int], max_length: int) -> list[list[tup
 
 
 def build_plan(shard_lengths: dict[str, list[int]], *, epochs: float, seed: int, max_length: int,
-               rows_per_batch: int) -> list[tuple[str, list[list[tuple[int, int]]]]]:
+               rows_per_batch: int, exclude: dict[str, set[int]] | None = None
+               ) -> list[tuple[str, list[list[tuple[int, int]]]]]:
     """Every batch of the run, in order: (shard, rows). Epoch e visits shards in a seeded order and
-    each shard's sequences in a seeded order; a fractional last epoch keeps its first batches."""
+    each shard's sequences in a seeded order; a fractional last epoch keeps its first batches.
+    `exclude` (shard -> sequence indices: the held-out split) are never planned; the seeded orders
+    are drawn as without it, so an empty split plans exactly the same batches."""
     plan = []
     names = sorted(shard_lengths)
     for epoch in range(math.ceil(epochs)):
@@ -69,7 +75,9 @@ def build_plan(shard_lengths: dict[str, list[int]], *, epochs: float, seed: int,
         epoch_plan = []
         for s in torch.randperm(len(names), generator=g).tolist():
             lengths = shard_lengths[names[s]]
-            rows = pack(lengths, torch.randperm(len(lengths), generator=g).tolist(), max_length)
+            skip = (exclude or {}).get(names[s], set())
+            order = [i for i in torch.randperm(len(lengths), generator=g).tolist() if i not in skip]
+            rows = pack(lengths, order, max_length)
             epoch_plan += [(names[s], rows[k:k + rows_per_batch]) for k in range(0, len(rows), rows_per_batch)]
         keep = len(epoch_plan) if epoch + 1 <= epochs else math.ceil((epochs - epoch) * len(epoch_plan))
         plan += epoch_plan[:keep]

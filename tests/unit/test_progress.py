@@ -47,3 +47,18 @@ def test_eta_is_unknown_before_any_work_and_clock_formats_hours():
     assert progress.Update("x", 0, 10, "it", elapsed_s=3.0).eta_s is None
     assert progress.Update("x", 5, 10, "it", elapsed_s=10.0).eta_s == 10.0
     assert progress.clock(3723) == "1:02:03" and progress.clock(62) == "1:02"
+
+
+def test_a_note_reaches_listeners_at_once_and_stays_on_later_updates():
+    updates: list[progress.Update] = []
+    with progress.listening(updates.append):
+        with progress.bar(total=10, desc="train", unit="step", disable=True) as bar:
+            bar.update(1)
+            bar.set_note(tau_sim=1.5, best="1.500 @ step 1")     # not throttled: a new τ is news
+            bar.update(1)
+            bar.set_postfix(loss="2.000")
+            bar.update(8)
+    noted = [u for u in updates if u.done == 1.0 and "tau_sim" in u.postfix]
+    assert noted and noted[0].postfix_items() == [("tau_sim", "1.500"), ("best", "1.500 @ step 1")]
+    assert updates[-1].postfix == {"loss": "2.000", "tau_sim": 1.5, "best": "1.500 @ step 1"}
+    assert "tau_sim=1.500" in updates[-1].line()

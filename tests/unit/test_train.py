@@ -93,8 +93,9 @@ def fresh_store(source, tmp_path, name="store"):
 
 
 def config(**train):
+    # τ while training off: these tests count every token and step (tests/unit/test_train_eval.py has it on)
     base = {"ttt_steps": 3, "lr": 3e-3, "epochs": 8, "batch_tokens": 256, "max_length": 64,
-            "checkpoint_every": 1000, "warmup_ratio": 0.05}
+            "checkpoint_every": 1000, "warmup_ratio": 0.05, "eval_every": 0}
     return parse_config({"name": "t", "target": {"source": "tiny"}, "train": {**base, **train},
                          "extract": {"aux_layer_ids": LAYER_IDS}, "mapping": {"draft_vocab_size": 96}})
 

@@ -1,0 +1,247 @@
+"""Parity: eaglenest's draft vs speculators 0.9.0's `Eagle3DraftModel`, trained on the same data and
+measured by the same engine (issue 12, item 1).
+
+Same for both: the hidden-state artifact and the vocab artifact (d2t/t2d) of one store, the batches
+(eaglenest's plan: every optimizer step sees the same sequences, packed the same way), the token
+budget, the TTT steps and their loss decay, the learning-rate schedule (`steps.training.loop.lr_at`),
+AdamW betas, weight decay and gradient clipping. Each keeps its own model and objective: speculators
+copies the target's lm_head rows and freezes them (and the embedding), trains with forward KL and
+masks by its own rules; eaglenest trains its head (started from the target's rows with
+`train.init_lm_head`). speculators trains in .venv-speculators (scripts/setup-speculators-venv.sh) as
+a subprocess (benchmarks/speculators_driver.py) and saves its own format; `eaglenest convert --to
+sglang` turns that into an SGLang directory. Both SGLang directories are then loaded with SGLang's
+rules (`load_sglang_draft`) and measured by `steps.verify.measure` (the reference engine: chain
+drafting, greedy verification) on the same held-out prompts.
+
+    .venv/bin/python benchmarks/quality_parity.py --config smollm2-135m --store file://out/store \\
+        --set dataset.max_prompts=32 --out out/parity
+
+Prints a table (τ, per-position acceptance, training time) and writes `parity.json` + `parity.md` in --out.
+The input artifacts are reused when the store has them (same config, same ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_VENV = ROOT / ".venv-speculators"
+
+
+class ParityError(RuntimeError):
+    """The harness cannot run (no side venv, a failed subprocess)."""
+
+
+def speculators_python(venv: Path) -> Path:
+    py = venv / "bin" / "python"
+    if not py.is_file():
+        raise ParityError(f"{venv}: no speculators side venv; build it with scripts/setup-speculators-venv.sh "
+                          f"{venv} (~3 min, ~1.2 GB: CPU torch, transformers 5.19, speculators 0.9.0 --no-deps)")
+    return py
+
+
+def inputs(config: str, overrides: list[str], store_uri: str) -> dict[str, str]:
+    """target → datagen → extract → mapping (reused when the store already has them)."""
+    from flows.step_flows import run_step
+
+    ids = {"target": run_step("target", config, overrides, store_uri, {})["id"]}
+    ids["dataset"] = run_step("datagen", config, overrides, store_uri, {"target": ids["target"]})["id"]
+    ids["hidden"] = run_step("extract", config, overrides, store_uri, {"target": ids["target"],
+                                                                       "dataset": ids["dataset"]})["id"]
+    ids["vocab"] = run_step("mapping", config, overrides, store_uri, {"dataset": ids["dataset"],
+                                                                      "target": ids["target"]})["id"]
+    return ids
+
+
+def speculators_batch(batch) -> dict[str, Any]:
+    """One eaglenest batch (packed rows) as speculators' training input: every sequence shifted as
+    `speculators.models.eagle3.data.shift_batch` does (x[1:], aux[:-1], final[1:], mask[1:], positions
+    from 1), all sequences of the batch packed into one row with document ids."""
+    import torch
+
+    parts: dict[str, list] = {k: [] for k in ("input_ids", "hidden_states", "verifier_last_hidden_states",
+                                              "loss_mask", "position_ids", "document_ids")}
+    doc = 0
+    for r in range(batch.doc.shape[0]):
+        for d in batch.doc[r].unique().tolist():
+            if d < 0:
+                continue
+            at = (batch.doc[r] == d).nonzero().flatten()
+            if len(at) < 2:
+                continue
+            parts["input_ids"].append(batch.input_ids[r, at[1:]])
+            parts["hidden_states"].append(batch.aux[r, at[:-1]])
+            parts["verifier_last_hidden_states"].append(batch.final[r, at[1:]])
+            parts["loss_mask"].append(batch.loss_mask[r, at[1:]])
+            parts["position_ids"].append(torch.arange(1, len(at)))
+            parts["document_ids"].append(torch.full((len(at) - 1,), doc))
+            doc += 1
+    return {k: torch.cat(v)[None].contiguous() for k, v in parts.items()}
+
+
+def train_speculators(cfg, store, ids: dict[str, str], work: Path, out: Path, venv: Path) -> dict[str, Any]:
+    """Write eaglenest's plan in speculators' layout, train in the side venv, return its summary."""
+    import torch
+    from safetensors.torch import save_file
+
+    from steps.artifacts import load_vocab, target_dir
+    from steps.train import prepare
+    from steps.training.loop import BETAS, lr_at
+    from steps.training.plan import make_batch
+
+    py = speculators_python(venv)
+    t = cfg.train
+    setup = prepare(cfg, store, ids["target"], ids["hidden"], ids["vocab"])
+    total = len(setup.plan) if t.max_steps is None else min(len(setup.plan), t.max_steps)
+    work.mkdir(parents=True, exist_ok=True)
+    for step in range(total):
+        name, rows = setup.plan[step]
+        save_file(speculators_batch(make_batch(setup.reader.load(name), rows, t.max_length)),
+                  str(work / f"step-{step:06d}.safetensors"))
+    d2t, t2d = load_vocab(store, ids["vocab"])
+    save_file({"d2t": d2t, "t2d": t2d}, str(work / "vocab.safetensors"))
+    plan = {"target_dir": str(target_dir(store, ids["target"])), "layer_ids": setup.meta["layer_ids"],
+            "draft_vocab_size": len(d2t), "ttt_steps": t.ttt_steps, "step_decay": t.step_decay,
+            "lrs": [lr_at(s, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
+                    for s in range(total)],
+            "betas": list(BETAS), "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
+            "loss_fn": "kl_div", "seed": cfg.seed, "threads": torch.get_num_threads()}
+    (work / "plan.json").write_text(json.dumps(plan))
+    t0 = time.perf_counter()
+    proc = subprocess.run([str(py), str(ROOT / "benchmarks" / "speculators_driver.py"), str(work), str(out)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
+    if proc.returncode != 0:
+        raise ParityError(f"speculators training failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    summary = json.loads((out / "train_summary.json").read_text())
+    return {**summary, "wall_s": time.perf_counter() - t0,
+            "final": json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])}
+
+
+def training_prompts(store, dataset_id: str, tokenizer, n: int) -> list[tuple[str, list[int]]]:
+    """The first `n` prompts the draft was trained on (first user turn, chat-templated): τ in distribution."""
+    from steps.artifacts import read_conversations
+    from steps.prompts import chat_token_ids
+
+    out = []
+    for row in read_conversations(store, dataset_id):
+        if len(out) >= n:
+            break
+        first_user = [m for m in row["messages"] if m["role"] != "assistant"][:2]
+        out.append((row["id"], chat_token_ids(tokenizer, first_user)))
+    return out
+
+
+def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[str, list[int]]] | None = None
+                ) -> dict[str, Any]:
+    """τ of one SGLang draft directory with the reference engine (verify's `measure`) on `prompts`
+    (default: the config's held-out MT-bench prompts, as verify)."""
+    from steps.engine import Engine
+    from steps.formats.sglang import sglang_layer_ids
+    from steps.formats.sglang_loader import load_sglang_draft
+    from steps.prompts import held_out_prompts
+    from steps.verify import measure, summarize
+
+    draft, report = load_sglang_draft(sglang_dir, target=target)
+    engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir), num_steps=cfg.verify.num_steps)
+    total, rows = measure(engine, prompts if prompts is not None else held_out_prompts(cfg, tokenizer),
+                          cfg.verify.max_new_tokens, tokenizer.eos_token_id)
+    return {**summarize(total, rows), "dropped_keys": report.dropped, "missing_params": report.missing}
+
+
+def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, venv: Path = DEFAULT_VENV, *,
+               train_prompts: int = 0) -> dict[str, Any]:
+    """Train both, convert theirs, measure both on the held-out prompts (and on `train_prompts` of the
+    training prompts when > 0) -> the result written to out/parity.json and out/parity.md."""
+    import torch
+
+    from flows.step_flows import run_step
+    from steps.artifacts import export_dir, load_target
+    from steps.config import find_config, load_config
+    from steps.convert import main as convert_main
+    from steps.store import open_store, store_uri_for
+
+    speculators_python(venv)                          # fail before any work
+    # the same data for both: no held-out split taken out of eaglenest's training here
+    ours_overrides = overrides + ["train.eval_every=0"]
+    cfg = load_config(find_config(config), ours_overrides)
+    store = open_store(store_uri_for(store_uri, cfg.store))
+    ids = inputs(config, ours_overrides, store_uri)
+    out.mkdir(parents=True, exist_ok=True)
+
+    rec = run_step("train", config, ours_overrides, store_uri, {k: ids[k] for k in ("target", "hidden", "vocab")})
+    export = run_step("export", config, ours_overrides, store_uri, {"draft": rec["id"], "target": ids["target"]})
+    ours_dir = export_dir(store, export["id"], "sglang")
+
+    theirs_raw, theirs_dir = out / "speculators-draft", out / "speculators-sglang"
+    for d in (theirs_raw, theirs_dir):
+        if d.exists():
+            import shutil
+            shutil.rmtree(d)
+    theirs_train = train_speculators(cfg, store, ids, out / "speculators-batches", theirs_raw, venv)
+    if convert_main([str(theirs_raw), str(theirs_dir), "--to", "sglang"]) != 0:
+        raise ParityError(f"eaglenest convert {theirs_raw} {theirs_dir} --to sglang failed (see above)")
+
+    target, tokenizer = load_target(store, ids["target"])
+    seen = training_prompts(store, ids["dataset"], tokenizer, train_prompts) if train_prompts else None
+    rows = {"eaglenest": {**measure_dir(cfg, target, tokenizer, ours_dir), "train_s": rec["metrics"]["train_s"],
+                          "tokens_trained": rec["metrics"]["tokens"], "steps": rec["metrics"]["steps"],
+                          "train_acc": rec["metrics"]["acc"]},
+            "speculators 0.9.0": {**measure_dir(cfg, target, tokenizer, theirs_dir), "train_s": theirs_train["train_s"],
+                                  "tokens_trained": theirs_train["tokens"], "steps": theirs_train["steps"],
+                                  "train_acc": theirs_train["final"]["acc"]}}
+    if seen:
+        for row, d in ((rows["eaglenest"], ours_dir), (rows["speculators 0.9.0"], theirs_dir)):
+            row["on_training_prompts"] = measure_dir(cfg, target, tokenizer, d, seen)
+    result = {"config": config, "overrides": overrides, "store": store_uri, "inputs": ids,
+              "command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
+              "date": datetime.now(UTC).strftime("%Y-%m-%d"), "verify": cfg.verify.model_dump(), "rows": rows}
+    (out / "parity.json").write_text(json.dumps(result, indent=2))
+    (out / "parity.md").write_text(table(result))
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    head = ("| trainer | τ held-out | per-position acceptance | τ training prompts | train s | tokens trained "
+            "| steps | last train top-1 (step 0) |\n|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| {name} | {r['tau']:.3f} | {' / '.join(f'{a:.3f}' for a in r['per_position_acceptance'])} | "
+             f"{r['on_training_prompts']['tau'] if 'on_training_prompts' in r else float('nan'):.3f} | "
+             f"{r['train_s']:.1f} | {r['tokens_trained']} | {r['steps']} | "
+             f"{(r['train_acc'][0] or 0):.3f} |" for name, r in result["rows"].items()]
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="tiny")
+    ap.add_argument("--store", default="file://out/store")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    ap.add_argument("--out", type=Path, default=Path("out/parity"))
+    ap.add_argument("--venv", type=Path, default=DEFAULT_VENV)
+    ap.add_argument("--train-prompts", type=int, default=0, help="also measure τ on this many training prompts")
+    args = ap.parse_args(argv)
+    try:
+        result = run_parity(args.config, args.overrides, args.store, args.out, args.venv,
+                            train_prompts=args.train_prompts)
+    except ParityError as err:
+        print(f"quality_parity: {err}", file=sys.stderr)
+        return 2
+    print(table(result))
+    print(f"written: {args.out / 'parity.json'}, {args.out / 'parity.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
