@@ -84,8 +84,8 @@ def test_tau_sim_equals_the_engines_chain_drafting_round_by_round(source, tmp_pa
 
 def test_the_best_checkpoint_is_exported_and_the_log_manifest_and_progress_carry_tau_sim(source, tmp_path):  # noqa: F811
     store, ids = fresh_store(source, tmp_path)
-    notes: list[str] = []
-    with progress.listening(lambda desc, done, total, unit, note: notes.append(note)):
+    updates: list[progress.Update] = []
+    with progress.listening(updates.append):
         m = run(config(lr=1e-2, epochs=4, eval_every=5, eval_fraction=0.2), store, **ids)
     art = tmp_path / "store/artifacts/draft" / m.id
     log = [json.loads(line) for line in (art / "train_log.jsonl").open()]
@@ -97,7 +97,8 @@ def test_the_best_checkpoint_is_exported_and_the_log_manifest_and_progress_carry
     assert m.metrics["exported_step"] == m.metrics["best_step"] == best["step"] + 1
     assert m.metrics["tau_sim_last"] == evals[-1]["tau_sim"]
     assert all(1.0 <= r["tau_sim"] <= 5.0 and len(r["per_position_sim"]) == 4 for r in evals)
-    assert any(n.startswith("tau_sim ") for n in notes)
+    assert any(isinstance(u.postfix.get("tau_sim"), float) and "@ step" in str(u.postfix.get("best"))
+               for u in updates)
     assert not (art / "best-draft.safetensors").exists()
     # the same run exporting its last step (evaluation draws no random numbers, so the run is the same)
     last, ids2 = fresh_store(source, tmp_path, "last")
