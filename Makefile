@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 # SGLang 0.5.23's own argument parser judges our launch commands (tests/integration/test_sglang_parser.py).
 # It lives in its own venv: sglang pins a CUDA torch and other transformers; see the script.
 SGLANG_VENV ?= .venv-sglang
+SPECULATORS_VENV ?= .venv-speculators
 # Offline by construction: nothing is downloaded from a model hub at run time.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -15,7 +16,7 @@ export HF_DATASETS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 
-.PHONY: demo test install sglang-venv images images-test clean
+.PHONY: demo test install sglang-venv speculators-venv images images-test clean
 
 install: $(STAMP)
 
@@ -37,7 +38,12 @@ demo: $(STAMP)
 sglang-venv:
 	scripts/setup-sglang-venv.sh $(SGLANG_VENV)
 
-test: $(STAMP) sglang-venv
+# speculators 0.9.0 (vLLM's draft trainer) trains the peer draft of the parity harness
+# (benchmarks/quality_parity.py, tests/integration/test_quality_parity.py); own venv, --no-deps: see the script.
+speculators-venv:
+	scripts/setup-speculators-venv.sh $(SPECULATORS_VENV)
+
+test: $(STAMP) sglang-venv speculators-venv
 	$(PY) -m ruff check steps flows tests benchmarks
 	$(PY) -m pytest -ra --durations=30
 
