@@ -139,7 +139,7 @@ def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
     dst = store.backend.local_path(store.key("target", tid))
     import shutil
     shutil.copytree(src, dst)
-    real, calls = D.generate_chunk, []
+    real, calls = D.answer_chunk, []
 
     def crash_on_third(*args, **kwargs):
         calls.append(1)
@@ -147,13 +147,13 @@ def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
             raise KeyboardInterrupt("simulated crash")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(D, "generate_chunk", crash_on_third)
+    monkeypatch.setattr(D, "answer_chunk", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK)
     assert not store.exists("dataset", clean.id)
     assert len(store.partial_files("dataset", clean.id)) == 2
     calls.clear()
-    monkeypatch.setattr(D, "generate_chunk", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(D, "answer_chunk", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     m = D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK)
     assert len(calls) == 1 and m.id == clean.id
     assert {k: v for k, v in m.metrics.items() if k not in ("gen_s", "tokens_per_s")} == \
