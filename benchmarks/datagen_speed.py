@@ -16,31 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
 
 import torch
 
 from steps.artifacts import load_target
 from steps.config import find_config, load_config
 from steps.datagen import stop_token_ids
-from steps.decode import cpu_threads, decode
+from steps.decode import cpu_threads, decode, generate_reference
 from steps.prompts import chat_token_ids, load_prompts
 from steps.store import open_store
-
-
-def generate_old(model: Any, batch: list[list[int]], new_tokens: int, stops: list[int], pad: int) -> list[list[int]]:
-    """What datagen ran before: left-padded greedy `model.generate`, cut at the first stop token."""
-    width = max(len(x) for x in batch)
-    ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch])
-    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch])
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                             top_p=None, top_k=None, eos_token_id=stops, pad_token_id=pad)
-    rows = []
-    for row in out[:, width:].tolist():
-        end = next((i for i, t in enumerate(row) if t in stops), None)
-        rows.append(row[:end] if end is not None else row)
-    return rows
 
 
 def main() -> None:
@@ -79,7 +63,7 @@ def main() -> None:
                 batch = chunk[b:b + bs]
                 torch.set_num_threads(threads)
                 if kind == "old":
-                    answers[name] += generate_old(model, batch, args.new_tokens, stops, pad)
+                    answers[name] += [a.tokens for a in generate_reference(model, batch, args.new_tokens, stops, pad)]
                 else:
                     answers[name] += [a.tokens for a in decode(model, batch, args.new_tokens, stops, pad)]
             seconds[name] += time.perf_counter() - t0

@@ -114,4 +114,21 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
     return answers
 
 
-__all__ = ["Answer", "cache_kwarg", "cpu_threads", "decode", "torch_threads"]
+@torch.no_grad()
+def generate_reference(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, stops: list[int],
+                       pad: int) -> list[Answer]:
+    """Greedy `model.generate` on the same left-padded batch, cut at the first stop token: what `decode`
+    must equal token for token (tests/unit/test_decode.py) and what datagen ran before it (the benchmark)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                         top_p=None, top_k=None, eos_token_id=stops, pad_token_id=pad)
+    answers = []
+    for row in out[:, width:].tolist():
+        end = next((i for i, t in enumerate(row) if t in stops), None)
+        answers.append(Answer(row[:end], True) if end is not None else Answer(row, False))
+    return answers
+
+
+__all__ = ["Answer", "cache_kwarg", "cpu_threads", "decode", "generate_reference", "torch_threads"]

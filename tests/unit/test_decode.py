@@ -14,7 +14,7 @@ from steps import artifacts  # noqa: E402
 from steps import target as T  # noqa: E402
 from steps.config import load_config  # noqa: E402
 from steps.datagen import stop_token_ids  # noqa: E402
-from steps.decode import cpu_threads, decode, torch_threads  # noqa: E402
+from steps.decode import cpu_threads, decode, generate_reference, torch_threads  # noqa: E402
 from steps.prompts import chat_token_ids  # noqa: E402
 from steps.store import open_store  # noqa: E402
 
@@ -33,26 +33,11 @@ def tiny(tmp_path_factory):
     return model, tok, prompts
 
 
-def reference(model, prompts, new_tokens, stops, pad):
-    """Greedy `generate` on the same left-padded batch, cut at the first stop token."""
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                             top_p=None, top_k=None, eos_token_id=stops, pad_token_id=pad)
-    rows = []
-    for row in out[:, width:].tolist():
-        end = next((i for i, t in enumerate(row) if t in stops), None)
-        rows.append((row[:end], True) if end is not None else (row, False))
-    return rows
-
-
 def test_greedy_tokens_equal_generate_on_a_ragged_batch(tiny):
     model, tok, prompts = tiny
     stops = stop_token_ids(tok, model.config)
     got = decode(model, prompts, 24, stops, tok.pad_token_id)
-    assert [(a.tokens, a.finished) for a in got] == reference(model, prompts, 24, stops, tok.pad_token_id)
+    assert got == generate_reference(model, prompts, 24, stops, tok.pad_token_id)
 
 
 def test_rows_that_stop_leave_the_batch_and_the_rest_stay_exact(tiny):
@@ -64,9 +49,9 @@ def test_rows_that_stop_leave_the_batch_and_the_rest_stay_exact(tiny):
     stop = next(t for row in first for t in row[1:] if 0 < sum(t in r for r in first) < len(first))
     stops = [stop]
     got = decode(model, prompts, 16, stops, tok.pad_token_id)
-    want = reference(model, prompts, 16, stops, tok.pad_token_id)
-    assert [(a.tokens, a.finished) for a in got] == want
-    finished = [f for _, f in want]
+    want = generate_reference(model, prompts, 16, stops, tok.pad_token_id)
+    assert got == want
+    finished = [a.finished for a in want]
     assert any(finished) and not all(finished)     # the case under test: some rows left early, some did not
     assert all(len(a.tokens) <= 16 for a in got)
 
