@@ -17,7 +17,8 @@ from steps.config import find_config, load_config
 from steps.store import open_store, store_uri_for
 
 #: the control: the same pipeline, but the draft is exported straight from initialisation.
-UNTRAINED = ["train.max_steps=0"]
+#: It is measured on MT-bench only: an untrained draft accepts nothing anywhere.
+UNTRAINED = ["train.max_steps=0", "verify.in_distribution_prompts=0"]
 
 
 def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[str, dict[str, Any]],
@@ -34,6 +35,9 @@ def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[s
         "store": store.uri,
         "acceptance_length": verify["tau"],          # the user-facing name of τ
         "acceptance_length_random_draft": control_verify["tau"],
+        # τ on prompts held out of the training sources (dataset.held_out): what the draft learned
+        "acceptance_length_in_distribution": verify.get("tau_in_distribution"),
+        "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
         "per_position_acceptance": verify["per_position_acceptance"],
         "num_steps": verify["num_steps"],
         "speedup_reference_engine": verify.get("speedup"),
@@ -50,6 +54,9 @@ def print_summary(s: dict[str, Any]) -> None:
     print(f"acceptance length τ (k={s['num_steps']}, held-out MT-bench): {s['acceptance_length']:.3f}"
           f"   untrained draft: {s['acceptance_length_random_draft']:.2f}")
     print(f"per-position acceptance: [{pos}]")
+    if s["acceptance_length_in_distribution"] is not None:
+        print(f"acceptance length τ on held-out prompts of the training sources: "
+              f"{s['acceptance_length_in_distribution']:.2f}")
     for name, r in s["steps"].items():
         print(f"  {name:8s} {r['seconds']:8.1f} s  {r['uri']}")
     for engine, path in s["export_dirs"].items():

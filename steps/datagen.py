@@ -6,9 +6,12 @@ artifact of `conversations/part-{i:05d}.jsonl` chunks, each row `{"id", "source"
 it is served in (greedy by default), not what some other model once answered: training on foreign
 answers is the cheapest way to a low acceptance rate that no check notices (F9).
 
-Generation runs in-process (`local`: batched `generate` with left padding and a KV cache) or
-against any OpenAI-compatible server (`openai`: /v1/chat/completions, `concurrency` threads,
-failures counted per prompt). Each chunk is uploaded as soon as it is written, so a crashed run
+Generation runs in-process (`local`: the batched decode loop of `steps/decode.py`, finished rows leaving
+the batch, as many torch threads as the machine's load leaves free) or
+against any OpenAI-compatible server (`openai`: /v1/chat/completions, `concurrency` threads, each
+request retried with doubling waits). No prompt is dropped silently: one that still fails makes the
+step fail naming how many and why, and the answers so far stay staged, so the next run asks only for
+the missing ones. Each chunk is uploaded as soon as it is written, so a crashed run
 resumes from its committed chunks; the manifest is written last and only if something succeeded.
 
 The loss mask is built in one place, `tokenize_conversation`: 1 exactly on the assistant's tokens
@@ -32,6 +35,7 @@ import torch
 from steps import progress
 from steps.artifacts import conversations_path, load_target, load_tokenizer
 from steps.config import DatagenConfig, PipelineConfig
+from steps.decode import cpu_threads, decode, torch_threads
 from steps.prompts import load_prompts, source_files_sha256
 from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id, canonical_json
@@ -40,6 +44,14 @@ from steps.store import Manifest, Store, artifact_id, canonical_json
 CHUNK_PROMPTS = 64
 #: seconds one OpenAI-compatible request may take before it is counted as an error.
 REQUEST_TIMEOUT_S = 600.0
+#: the longest wait between two tries of one request.
+MAX_BACKOFF_S = 30.0
+#: HTTP statuses worth another try (overload, timeouts); any other 4xx is the request's fault.
+RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class MissingAnswers(ConnectionError):
+    """Some prompts got no answer after every retry: the run fails (one line, exit 2) and keeps what it has."""
 STAT_KEYS = ("ok", "errors", "skipped", "empty", "truncated", "tokens", "assistant_tokens",
              "generated_tokens", "gen_s")
 
@@ -107,7 +119,7 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> tup
 # --- identity ------------------------------------------------------------------------------------------
 
 #: datagen fields that change speed, not content (for greedy decoding).
-PERFORMANCE_KNOBS = ("batch_size", "concurrency", "server_url")
+PERFORMANCE_KNOBS = ("batch_size", "concurrency", "server_url", "retries", "retry_backoff_s")
 
 
 def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_prompts: int) -> dict[str, Any]:
@@ -143,26 +155,13 @@ def stop_token_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
 
 def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: DatagenConfig,
                    seed: int) -> list[dict[str, Any]]:
-    """Greedy (or seeded sampled) batched generation with left padding and the KV cache."""
+    """Greedy (or seeded sampled) batched decoding: `steps.decode.decode`, finished rows leave the batch."""
     stops = stop_token_ids(tokenizer, model.config)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    width = max(len(x) for x in batch)
-    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch])  # [B, L], left padded
-    attention_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch])
-    sampling = dg.temperature > 0
-    if sampling:
-        torch.manual_seed(seed)
-    with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=dg.max_new_tokens,
-                             do_sample=sampling, temperature=dg.temperature if sampling else None,
-                             top_p=None, top_k=None, eos_token_id=stops, pad_token_id=pad)
-    results = []
-    for row in out[:, width:].tolist():
-        end = next((i for i, t in enumerate(row) if t in stops), None)
-        gen = row[:end] if end is not None else row
-        results.append({"text": tokenizer.decode(gen, skip_special_tokens=True), "finished": end is not None,
-                        "tokens": len(gen) + (end is not None), "error": None})
-    return results
+    generator = torch.Generator().manual_seed(seed) if dg.temperature > 0 else None
+    answers = decode(model, batch, dg.max_new_tokens, stops, pad, temperature=dg.temperature, generator=generator)
+    return [{"text": tokenizer.decode(a.tokens, skip_special_tokens=True), "finished": a.finished,
+             "tokens": len(a.tokens) + a.finished, "error": None} for a in answers]
 
 
 def chat_completions_url(server_url: str) -> str:
@@ -187,18 +186,26 @@ def served_model_name(server_url: str, fallback: str) -> str:
 
 
 def _openai_one(url: str, model: str, prompt: dict[str, Any], dg: DatagenConfig, seed: int) -> dict[str, Any]:
+    """One chat completion, tried up to 1 + dg.retries times with doubling waits; an error result after that."""
     payload = {"model": model, "messages": prompt["messages"], "temperature": dg.temperature,
                "max_tokens": dg.max_new_tokens}
     if dg.temperature > 0:
         payload["seed"] = seed
-    try:
-        resp = _http_json(url, payload)
-        choice = resp["choices"][0]
-        return {"text": choice["message"]["content"] or "", "finished": choice.get("finish_reason") == "stop",
-                "tokens": int((resp.get("usage") or {}).get("completion_tokens") or 0), "error": None}
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
-        detail = err.read().decode(errors="replace")[:200] if isinstance(err, urllib.error.HTTPError) else ""
-        return {"text": None, "finished": False, "tokens": 0, "error": f"{type(err).__name__}: {err} {detail}"}
+    for attempt in range(dg.retries + 1):
+        try:
+            resp = _http_json(url, payload)
+            choice = resp["choices"][0]
+            return {"text": choice["message"]["content"] or "", "finished": choice.get("finish_reason") == "stop",
+                    "tokens": int((resp.get("usage") or {}).get("completion_tokens") or 0), "error": None}
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
+            http = isinstance(err, urllib.error.HTTPError)
+            detail = err.read().decode(errors="replace")[:200] if http else ""
+            error = f"{type(err).__name__}: {err} {detail}".strip()
+            if (http and err.code not in RETRY_STATUS) or attempt == dg.retries:
+                return {"text": None, "finished": False, "tokens": 0, "error": error,
+                        "attempts": attempt + 1}
+            time.sleep(min(MAX_BACKOFF_S, dg.retry_backoff_s * 2 ** attempt))
+    raise AssertionError("unreachable: the last try returns")
 
 
 def generate_openai(prompts: list[dict[str, Any]], dg: DatagenConfig, model: str, seed: int) -> list[dict[str, Any]]:
@@ -210,31 +217,48 @@ def generate_openai(prompts: list[dict[str, Any]], dg: DatagenConfig, model: str
 
 # --- one chunk ----------------------------------------------------------------------------------------
 
-def generate_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfig, *, model: Any = None,
-                   served_name: str = "", seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Answer one chunk of prompts and tokenize the conversations; returns (rows, stats)."""
+def answer_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfig, *, model: Any = None,
+                 served_name: str = "", seed: int = 0, known: dict[str, dict[str, Any]] | None = None,
+                 ) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """Results for the chunk's prompts that fit (by index); `known` answers (by prompt id) are not asked again."""
     stats: dict[str, Any] = dict.fromkeys(STAT_KEYS, 0)
     prompt_ids = [tokenizer(_render(tokenizer, p["messages"], gen_prompt=True), add_special_tokens=False)["input_ids"]
                   for p in prompts]
     todo = [i for i, ids in enumerate(prompt_ids) if len(ids) <= dg.max_prompt_tokens]
     stats["skipped"] = len(prompts) - len(todo)
-    results: dict[int, dict[str, Any]] = {}
+    results = {i: known[prompts[i]["id"]] for i in todo if prompts[i]["id"] in (known or {})}
+    todo = [i for i in todo if i not in results]
     t0 = time.perf_counter()
     if dg.backend == "local":
         todo.sort(key=lambda i: len(prompt_ids[i]))  # similar lengths share a batch: less padding
-        for b in range(0, len(todo), dg.batch_size):
-            idx = todo[b:b + dg.batch_size]
-            answers = generate_local(model, tokenizer, [prompt_ids[i] for i in idx], dg, seed + b)
-            results.update(zip(idx, answers, strict=True))
-    else:
+        # threads are picked per chunk: the load of a shared machine changes during a long run
+        with torch_threads(cpu_threads()):
+            for b in range(0, len(todo), dg.batch_size):
+                idx = todo[b:b + dg.batch_size]
+                answers = generate_local(model, tokenizer, [prompt_ids[i] for i in idx], dg, seed + b)
+                results.update(zip(idx, answers, strict=True))
+    elif todo:
         results.update(zip(todo, generate_openai([prompts[i] for i in todo], dg, served_name, seed), strict=True))
     stats["gen_s"] = time.perf_counter() - t0
+    return results, stats
+
+
+def conversation_rows(prompts: list[dict[str, Any]], results: dict[int, dict[str, Any]], tokenizer: Any,
+                      stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tokenized conversations of the answered prompts, in prompt order; counts into `stats`."""
     rows = []
     for i in sorted(results):
         row = _conversation_row(prompts[i], results[i], tokenizer, stats)
         if row is not None:
             rows.append(row)
-    return rows, stats
+    return rows
+
+
+def generate_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfig, *, model: Any = None,
+                   served_name: str = "", seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Answer one chunk of prompts and tokenize the conversations; returns (rows, stats)."""
+    results, stats = answer_chunk(prompts, tokenizer, dg, model=model, served_name=served_name, seed=seed)
+    return conversation_rows(prompts, results, tokenizer, stats), stats
 
 
 def _conversation_row(prompt: dict[str, Any], result: dict[str, Any], tokenizer: Any,
@@ -267,8 +291,37 @@ def _totals(chunk_stats: list[dict[str, Any]], n_prompts: int) -> dict[str, Any]
     return {**total, "prompts": n_prompts}
 
 
+def _chunk(writer: Any, rel: str, chunk: list[dict[str, Any]], tokenizer: Any, cfg: PipelineConfig, *,
+           model: Any, served: str, seed: int) -> dict[str, Any]:
+    """Answer one chunk (only its missing prompts when an earlier run answered the rest) and upload it.
+
+    A chunk with failed requests is uploaded too, with the answers it has in its upload record and the
+    failures under `missing`, so the next run asks only for those; the run then fails (`run`)."""
+    done = writer.uploaded(rel)
+    if done is not None and not done.get("missing"):    # committed complete by an earlier, interrupted run
+        return done["stats"]
+    known = (done or {}).get("answers", {})
+    results, stats = answer_chunk(chunk, tokenizer, cfg.datagen, model=model, served_name=served, seed=seed,
+                                  known=known)
+    stats["gen_s"] += (done or {}).get("stats", {}).get("gen_s", 0.0)
+    rows = conversation_rows(chunk, results, tokenizer, stats)
+    missing = {chunk[i]["id"]: r["error"] for i, r in results.items() if r["error"] is not None}
+    if rows or missing:   # a chunk with nothing usable and nothing to retry (all empty or too long) is skipped
+        writer.path(rel).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        extra: dict[str, Any] = {"stats": stats, "first_id": chunk[0]["id"]}
+        if missing:
+            extra |= {"missing": missing, "answers": {chunk[i]["id"]: r for i, r in results.items()
+                                                       if r["error"] is None}}
+        writer.upload(rel, extra=extra)
+    return {**stats, "missing": missing} if missing else stats
+
+
 def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int = CHUNK_PROMPTS) -> Manifest:
-    """Regenerate the assistant turns of cfg.dataset's prompts with the target (resumable)."""
+    """Regenerate the assistant turns of cfg.dataset's prompts with the target (resumable).
+
+    Every prompt gets an answer or the step fails: requests are retried (`datagen.retries`), and the
+    prompts that still failed are named in a MissingAnswers error; the next run asks only for them.
+    """
     prompts = load_prompts(cfg.dataset, cfg.seed)
     did = artifact_id("dataset", dataset_identity(cfg, prompts, chunk_prompts), {"target": target_id})
     if store.exists("dataset", did):
@@ -281,23 +334,22 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     chunk_stats: list[dict[str, Any]] = []
     with progress.bar(total=len(prompts), desc="datagen", unit="prompt") as bar:
         for i, start in enumerate(range(0, len(prompts), chunk_prompts)):
-            chunk, rel = prompts[start:start + chunk_prompts], conversations_path(i)
-            if writer.has(rel):  # committed by an earlier, interrupted run
-                chunk_stats.append(writer.uploaded(rel)["stats"])
-            else:
-                rows, stats = generate_chunk(chunk, tokenizer, cfg.datagen, model=model, served_name=served,
-                                             seed=cfg.seed * 1_000_003 + start)
-                chunk_stats.append(stats)
-                if stats["ok"]:  # a chunk where every prompt failed is retried by the next run
-                    writer.path(rel).write_text("".join(json.dumps(r) + "\n" for r in rows))
-                    writer.upload(rel, extra={"stats": stats, "first_id": chunk[0]["id"]})
+            chunk = prompts[start:start + chunk_prompts]
+            chunk_stats.append(_chunk(writer, conversations_path(i), chunk, tokenizer, cfg, model=model,
+                                      served=served, seed=cfg.seed * 1_000_003 + start))
             bar.update(len(chunk))
             bar.set_postfix(ok=sum(s["ok"] for s in chunk_stats), errors=sum(s["errors"] for s in chunk_stats))
     metrics = _totals(chunk_stats, len(prompts))
+    missing = {pid: err for s in chunk_stats for pid, err in s.get("missing", {}).items()}
+    if missing:
+        pid, err = next(iter(missing.items()))
+        raise MissingAnswers(f"datagen: {len(missing)} of {len(prompts)} prompts got no answer after "
+                             f"{cfg.datagen.retries} retries each (first: prompt {pid!r}: {err}); the "
+                             f"{metrics['ok']} answers so far are kept: re-run datagen to ask only for the "
+                             "missing ones (check the server at datagen.server_url, or raise datagen.retries)")
     if metrics["ok"] == 0:
-        first = next((s["first_error"] for s in chunk_stats if "first_error" in s), "no answers")
-        raise RuntimeError(f"datagen: no prompt of {len(prompts)} got a usable answer ({metrics['errors']} errors, "
-                           f"{metrics['skipped']} too long, {metrics['empty']} empty); first error: {first}")
+        raise RuntimeError(f"datagen: no prompt of {len(prompts)} got a usable answer ({metrics['skipped']} too "
+                           f"long, {metrics['empty']} empty)")
     return writer.commit(metrics=metrics, meta={"backend": cfg.datagen.backend, "chunks": len(chunk_stats)})
 
 
@@ -309,5 +361,6 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["run", "main", "tokenize_conversation", "generate_chunk", "generate_local",
+__all__ = ["run", "main", "tokenize_conversation", "answer_chunk", "generate_chunk", "generate_local",
+           "MissingAnswers",
            "generate_openai", "stop_token_ids", "dataset_identity"]

@@ -21,7 +21,6 @@ tests check that token for token.
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -29,6 +28,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from steps.decode import cache_kwarg
 from steps.draft import DraftCache, Eagle3Draft
 from steps.metrics import AcceptStats, accepted_prefix
 
@@ -62,9 +62,7 @@ class Engine:
             draft = served_as_eagle(draft, target)
         self.target, self.tokenizer, self.draft = target.eval(), tokenizer, draft
         self.layer_ids, self.k, self.algorithm = list(layer_ids), num_steps, algorithm
-        # transformers ≥5.2x names the KV cache argument `cache` (`past_key_values` is deprecated).
-        params = inspect.signature(target.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(target)
 
     def _target(self, ids: list[int], cache: DynamicCache, **kw):
         return self.target(input_ids=torch.tensor([ids]), use_cache=True, **{self._cache_kw: cache}, **kw)

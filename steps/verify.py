@@ -5,7 +5,9 @@ Reads: an `export` artifact's `sglang/` directory — loaded with SGLang's own k
 embedding), so a broken export shows here as τ ≈ 1 (F2, F3) — and the `target` artifact; the
 capture layers are read back from the exported `eagle_config` and converted as SGLang does (F4).
 Held-out prompts: MT-bench first turns (`verify.categories`, `verify.num_prompts`) in the target's
-chat template, greedy, `verify.max_new_tokens`, chain of `verify.num_steps` drafts.
+chat template, greedy, `verify.max_new_tokens`, chain of `verify.num_steps` drafts; and, when
+`dataset.held_out` > 0, the held-out split of the training sources (metrics `tau_in_distribution`,
+`per_position_acceptance_in_distribution`).
 Writes: a `verify` artifact with `report.json` (per prompt: tokens, accept histogram, timings) and
 metrics τ, per-position acceptance, accept histogram, tokens/s speculative vs plain, speedup.
 Speculative output must equal plain greedy output for every prompt; any mismatch fails the step.
@@ -25,7 +27,7 @@ from steps.engine import Engine
 from steps.formats.sglang import sglang_layer_ids
 from steps.formats.sglang_loader import load_sglang_draft
 from steps.metrics import AcceptStats
-from steps.prompts import held_out_prompts
+from steps.prompts import held_out_prompts, in_distribution_prompts
 from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id
 
@@ -73,6 +75,9 @@ METRICS_SCHEMA = 2
 def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Manifest:
     """Offline τ of the exported SGLang draft; fails if speculative output differs from plain greedy."""
     section, inputs = config_dict(cfg.verify), {"export": export_id, "target": target_id}
+    in_dist = cfg.dataset.held_out and cfg.verify.in_distribution_prompts != 0
+    if in_dist:    # which prompts the in-distribution split holds is part of what is measured
+        section["in_distribution"] = {"dataset": config_dict(cfg.dataset), "seed": cfg.seed}
     # METRICS_SCHEMA is in the id: a verify artifact from before τ was stored as `tau` is measured again
     # rather than reused with metrics its readers no longer know
     verify_id = artifact_id("verify", {**section, "metrics_schema": METRICS_SCHEMA}, inputs)
@@ -86,6 +91,13 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
     total, rows = measure(engine, held_out_prompts(cfg, tokenizer), cfg.verify.max_new_tokens,
                           tokenizer.eos_token_id)
     metrics = summarize(total, rows)
+    if in_dist:
+        in_total, in_rows = measure(engine, in_distribution_prompts(cfg, tokenizer), cfg.verify.max_new_tokens,
+                                    tokenizer.eos_token_id)
+        metrics |= {"tau_in_distribution": in_total.tau,
+                    "per_position_acceptance_in_distribution": in_total.per_position,
+                    "prompts_in_distribution": len(in_rows)}
+        rows += [{**r, "split": "in_distribution"} for r in in_rows]
     writer = store.begin("verify", verify_id, step=STEP, inputs=inputs, config=section)
     writer.path("report.json").write_text(json.dumps({"prompts": rows, "load_report": load_report.to_dict()},
                                                      indent=2))

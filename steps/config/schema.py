@@ -110,7 +110,7 @@ class TargetConfig(Section):
 
 class PromptSource(Section):
     #: builtin sources ship in packages (offline); `file` is JSONL/parquet/a saved `datasets` dir.
-    kind: Literal["sharegpt", "humaneval", "stdlib", "mtbench", "file"]
+    kind: Literal["sharegpt", "humaneval", "stdlib", "topics", "pydoc", "mtbench", "file"]
     path: str | None = None
     limit: Count | None = None
 
@@ -128,6 +128,8 @@ class DatasetConfig(Section):
     max_prompts: Count | None = None
     #: MT-bench categories held out for evaluation (all of MT-bench by default).
     eval_categories: list[str] | None = None
+    #: prompts of the mixed sources kept out of training: verify's in-distribution τ (0: none).
+    held_out: int = Field(0, ge=0)
 
     @field_validator("sources")
     @classmethod
@@ -148,6 +150,10 @@ class DatagenConfig(Section):
     batch_size: Count = 8
     #: prompts longer than this (tokens) are skipped and counted.
     max_prompt_tokens: Count = 1024
+    #: `openai`: tries after a failed request (5xx, 408, 429, connection errors, malformed replies),
+    #: waiting retry_backoff_s, then twice as long each time (at most 30 s).
+    retries: int = Field(5, ge=0)
+    retry_backoff_s: float = Field(1.0, ge=0)
 
     @model_validator(mode="after")
     def _url_for_openai(self) -> DatagenConfig:
@@ -281,6 +287,9 @@ class VerifyConfig(Section):
     max_new_tokens: Count = 128
     #: MT-bench categories to evaluate on (None: all).
     categories: list[str] | None = None
+    #: prompts of the dataset's held-out split (dataset.held_out) to measure in-distribution τ on
+    #: (None: all of them; 0: skip, as the demo's untrained control does).
+    in_distribution_prompts: int | None = Field(None, ge=0)
 
 
 class ServeConfig(Section):

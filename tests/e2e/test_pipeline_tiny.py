@@ -35,8 +35,8 @@ def test_tiny_demo_trained_draft_beats_untrained(tmp_path_factory, prefect_stack
         assert demo.main(["--config", "configs/tiny.yaml", "--out", str(out), "--store", store_uri]) == 0
     summary = json.loads((out / "summary.json").read_text())
 
-    for field in ("acceptance_length", "acceptance_length_random_draft", "per_position_acceptance",
-                  "num_steps", "target", "target_dir", "store", "steps", "export_dirs"):
+    for field in ("acceptance_length", "acceptance_length_random_draft", "acceptance_length_in_distribution",
+                  "per_position_acceptance", "num_steps", "target", "target_dir", "store", "steps", "export_dirs"):
         assert field in summary, field
     assert summary["num_steps"] == 4 and len(summary["per_position_acceptance"]) == 4
     assert set(summary["steps"]) == {"target", "datagen", "extract", "mapping", "train", "export", "verify"}

@@ -137,7 +137,7 @@ def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
     dst = store.backend.local_path(store.key("target", tid))
     import shutil
     shutil.copytree(src, dst)
-    real, calls = D.generate_chunk, []
+    real, calls = D.answer_chunk, []
 
     def crash_on_third(*args, **kwargs):
         calls.append(1)
@@ -145,13 +145,13 @@ def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
             raise KeyboardInterrupt("simulated crash")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(D, "generate_chunk", crash_on_third)
+    monkeypatch.setattr(D, "answer_chunk", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK)
     assert not store.exists("dataset", clean.id)
     assert len(store.partial_files("dataset", clean.id)) == 2
     calls.clear()
-    monkeypatch.setattr(D, "generate_chunk", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(D, "answer_chunk", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     m = D.run(cfg_for(path), store, tid, chunk_prompts=CHUNK)
     assert len(calls) == 1 and m.id == clean.id
     assert {k: v for k, v in m.metrics.items() if k not in ("gen_s", "tokens_per_s")} == \
@@ -181,9 +181,10 @@ def test_bad_input_leaves_no_artifact(tiny, tmp_path):
 class StandIn:
     """An OpenAI-compatible chat server on 127.0.0.1 that answers with the tiny target (greedy)."""
 
-    def __init__(self, model, tok, fail_all=False):
+    def __init__(self, model, tok, fail_all=False, fail_first=0):
         self.model, self.tok, self.fail_all = model, tok, fail_all
         self.lock, self.answers = threading.Lock(), {}
+        self.fail_first, self.requests, self.asked = fail_first, 0, []   # 503 to the first `fail_first`
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -207,6 +208,12 @@ class StandIn:
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path != "/v1/chat/completions" or req.get("model") != "tiny-standin":
                     return self._send(404, {"error": {"message": f"model {req.get('model')!r} not served"}})
+                with outer.lock:
+                    outer.requests += 1
+                    overloaded = outer.requests <= outer.fail_first
+                    outer.asked.append(req["messages"][-1]["content"])
+                if overloaded:
+                    return self._send(503, {"error": {"message": "overloaded, try again"}})
                 if outer.fail_all or "FAIL" in req["messages"][-1]["content"]:
                     return self._send(500, {"error": {"message": "internal error"}})
                 text, n, stop = outer.answer(req["messages"], req["max_tokens"], req["temperature"])
@@ -238,20 +245,55 @@ class StandIn:
         self.server.server_close()
 
 
-def test_openai_backend_counts_errors_per_prompt(tiny, tmp_path):
+FAST_RETRY = "datagen.retry_backoff_s=0.01"
+
+
+def test_openai_requests_are_retried_through_a_burst_of_503s(tiny, tmp_path):
     store, tid, model, tok = tiny
-    server = StandIn(model, tok)
+    server = StandIn(model, tok, fail_first=6)
     try:
-        path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:5] + ["Please FAIL this one."])
+        path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:5])
         m = D.run(cfg_for(path, "datagen.backend=openai", f"datagen.server_url={server.url}",
-                          "datagen.concurrency=3"), store, tid)
+                          "datagen.concurrency=3", FAST_RETRY), store, tid)
     finally:
         server.close()
-    assert m.metrics["errors"] == 1 and m.metrics["ok"] + m.metrics["empty"] == 5
-    assert m.meta["backend"] == "openai" and m.metrics["generated_tokens"] > 0
+    assert m.metrics["errors"] == 0 and m.metrics["ok"] + m.metrics["empty"] == 5
+    assert server.requests == 6 + 5       # each 503 cost one more request, nothing more
     for r in artifacts.read_conversations(store, m.id):
         assert r["messages"][-1]["content"] == server.answers[r["messages"][0]["content"]]
         assert masked_runs(tok, r["input_ids"], r["loss_mask"]) == [r["messages"][-1]["content"] + "<|im_end|>"]
+
+
+def test_prompts_that_still_fail_fail_the_step_and_the_next_run_asks_only_for_them(tiny, tmp_path, capsys):
+    store, tid, model, tok = tiny
+    path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:6])
+    sets = ["target.tiny.pretrain_steps=100", f"dataset.sources=[{{kind: file, path: '{path}'}}]",
+            "datagen.max_new_tokens=12", "datagen.batch_size=4", "datagen.backend=openai", "datagen.retries=1",
+            FAST_RETRY, "datagen.concurrency=1"]
+    before = store.list("dataset")
+    server = StandIn(model, tok, fail_first=4)      # 2 prompts × (1 try + 1 retry): both get no answer
+    try:
+        argv = ["--config", "configs/tiny.yaml", "--store", store.uri, "--set", f"datagen.server_url={server.url}"]
+        assert D.main(argv + [a for s in sets for a in ("--set", s)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "2 of 6 prompts got no answer after 1 retries" in err
+        assert "HTTPError" in err and "503" in err and "re-run datagen" in err
+        assert store.list("dataset") == before       # nothing committed
+        first_run = list(server.asked)
+        assert len(first_run) == 4 + 4               # 2 failed twice, the 4 others answered once
+        server.asked.clear()
+        assert D.main(argv + [a for s in sets for a in ("--set", s)] + ["--json"]) == 0
+        new_id = json.loads(capsys.readouterr().out)["id"]
+    finally:
+        server.close()
+    # the second run asked only for the two prompts that had no answer
+    assert len(server.asked) == 2 and set(server.asked) == {q for q in first_run if first_run.count(q) == 2}
+    m = store.manifest("dataset", new_id)
+    assert m.metrics["errors"] == 0 and m.metrics["ok"] + m.metrics["empty"] == 6
+    rows = list(artifacts.read_conversations(store, new_id))
+    assert len(rows) == m.metrics["ok"]
+    for r in rows:
+        assert r["messages"][-1]["content"] == server.answers[r["messages"][0]["content"]]
 
 
 def test_openai_backend_fails_without_manifest_when_nothing_succeeds(tiny, tmp_path):
@@ -260,8 +302,8 @@ def test_openai_backend_fails_without_manifest_when_nothing_succeeds(tiny, tmp_p
     server = StandIn(model, tok, fail_all=True)
     try:
         path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:3])
-        cfg = cfg_for(path, "datagen.backend=openai", f"datagen.server_url={server.url}/v1")
-        with pytest.raises(RuntimeError, match="no prompt of 3 got a usable answer.*HTTPError"):
+        cfg = cfg_for(path, "datagen.backend=openai", f"datagen.server_url={server.url}/v1", "datagen.retries=0")
+        with pytest.raises(D.MissingAnswers, match="3 of 3 prompts got no answer after 0 retries.*HTTPError"):
             D.run(cfg, store, tid)
     finally:
         server.close()

@@ -131,3 +131,61 @@ def test_parquet_and_saved_datasets_dir(tmp_path):
     datasets.Dataset.from_list([{"prompt": "ok"}, {"prompt": ""}]).to_parquet(str(tmp_path / "bad.parquet"))
     with pytest.raises(ValueError, match=r"bad.parquet: row 2: field 'prompt'"):
         P.load_file(tmp_path / "bad.parquet")
+
+
+def test_topics_span_the_eight_categories_unique_deterministic_and_never_mtbench():
+    from steps.prompt_topics import CATEGORIES
+
+    rows = P.load_topics()
+    texts = [_user(p) for p in rows]
+    assert len(rows) > 700 and len(set(texts)) == len(texts) and len({p["id"] for p in rows}) == len(rows)
+    assert rows == P.load_topics()
+    cats = {p["id"].split("-")[1] for p in rows}
+    assert cats == set(CATEGORIES) | {"math"} == {"writing", "roleplay", "reasoning", "math", "coding",
+                                                  "extraction", "stem", "humanities"}
+    assert not set(texts) & {_user(p) for p in P.load_mtbench()}
+
+
+def test_pydoc_asks_two_things_about_each_language_reference_topic():
+    from pydoc_data.topics import topics
+
+    rows = P.load_pydoc()
+    assert len(rows) == 2 * len(topics) and {p["source"] for p in rows} == {"pydoc"}
+    summary = next(p for p in rows if p["id"] == "pydoc-assert-summary")
+    assert "assert" in _user(summary) and len(_user(summary)) < 900
+
+
+def test_the_same_question_from_two_sources_is_kept_once(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    dup = _user(P.load_topics()[0])
+    f.write_text(json.dumps({"prompt": dup}) + "\n" + json.dumps({"prompt": "Name three colors."}) + "\n")
+    out = P.load_prompts(DatasetConfig(sources=[PromptSource(kind="topics"), PromptSource(kind="file", path=str(f))]),
+                         0)
+    assert [_user(p) for p in out].count(dup) == 1 and len(out) == len(P.load_topics()) + 1
+
+
+def test_held_out_split_is_disjoint_from_training_and_stable_under_the_cap():
+    from steps.config import load_config
+
+    sources = "dataset.sources=[{kind: topics}, {kind: humaneval}]"
+    cfg = load_config("configs/tiny.yaml", [sources, "dataset.held_out=12", "dataset.max_prompts=50"])
+    train = P.load_prompts(cfg.dataset, cfg.seed)
+    tok = _Tok()
+    held = P.in_distribution_prompts(cfg, tok)
+    assert len(train) == 50 and len(held) == 12
+    assert not {pid for pid, _ in held} & {p["id"] for p in train}
+    everything = P.load_prompts(load_config("configs/tiny.yaml", [sources]).dataset, cfg.seed)
+    assert [pid for pid, _ in held] + [p["id"] for p in train] == [p["id"] for p in everything[:62]]
+    bigger = load_config("configs/tiny.yaml", [sources, "dataset.held_out=12", "dataset.max_prompts=200"])
+    assert P.in_distribution_prompts(bigger, tok) == held      # more training data, same held-out prompts
+    fewer = load_config("configs/tiny.yaml", [sources, "dataset.held_out=12", "verify.in_distribution_prompts=5"])
+    assert P.in_distribution_prompts(fewer, tok) == held[:5]
+    none = load_config("configs/tiny.yaml", [sources, "dataset.held_out=12", "verify.in_distribution_prompts=0"])
+    assert P.in_distribution_prompts(none, tok) == []
+
+
+class _Tok:
+    """Stands in for a chat template only: the split, not the tokenizer, is under test here."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return [len(m["content"]) for m in messages]

@@ -72,6 +72,20 @@ def test_main_prints_the_verify_record_and_refuses_an_unknown_export(world, tmp_
     assert last.startswith("eaglenest verify: ") and "0123456789abcdef" in last and "--store" in last
 
 
+def test_verify_also_measures_the_held_out_split_of_the_training_sources(world):
+    cfg = world["cfg"]
+    split = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"held_out": 2})})
+    m = verify.run(split, world["store"], world["export_id"], world["target_id"])
+    plain = verify.run(cfg, world["store"], world["export_id"], world["target_id"])
+    assert m.id != plain.id and "tau_in_distribution" not in plain.metrics
+    assert m.metrics["prompts_in_distribution"] == 2 and m.metrics["tau_in_distribution"] >= 1.0
+    assert len(m.metrics["per_position_acceptance_in_distribution"]) == cfg.verify.num_steps
+    assert m.metrics["tau"] == plain.metrics["tau"] and m.metrics["prompts"] == 2   # MT-bench as before
+    report = json.loads(world["store"].fetch_file("verify", m.id, "report.json").read_text())
+    held = [r for r in report["prompts"] if r.get("split") == "in_distribution"]
+    assert len(held) == 2 and all(r["match"] for r in held) and not any(r["id"].startswith("mtbench") for r in held)
+
+
 @pytest.fixture(scope="module")
 def copying_world(tmp_path_factory):
     return bigram_world(tmp_path_factory.mktemp("verify-copying"), free_port())
