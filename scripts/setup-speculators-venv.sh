@@ -7,7 +7,7 @@
 # puts stand-in modules for `openai`/`datasets` on the path). The rest resolves with constraints that
 # keep torch on the CPU wheel.
 #
-# Idempotent: a stamp file records the hash of the inputs; re-running with the same inputs is a no-op.
+# Idempotent (scripts/side-venv.sh): re-running with the same inputs is a no-op.
 # Usage: scripts/setup-speculators-venv.sh [VENV_DIR]   (default .venv-speculators; PYTHON=python3.11)
 set -euo pipefail
 
@@ -15,21 +15,9 @@ cd "$(dirname "$0")/.."
 VENV="${1:-.venv-speculators}"
 PYTHON="${PYTHON:-python3}"
 REQS=requirements/speculators.txt
-CONSTRAINTS=requirements/constraints.txt
-STAMP="$VENV/.installed"
-
-inputs_hash() { cat "$REQS" "$CONSTRAINTS" "$0" | sha256sum | cut -d' ' -f1; }
-
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
-    echo "$VENV is up to date (delete $STAMP to reinstall)"
-    exit 0
-fi
-
-started=$(date +%s)
-rm -rf "$VENV"
-"$PYTHON" -m venv "$VENV"
+# shellcheck source=scripts/side-venv.sh
+source scripts/side-venv.sh
 NO_DEPS='^(speculators|hs-connectors)=='
 grep -Ev "$NO_DEPS" "$REQS" | "$VENV/bin/pip" install -q -c "$CONSTRAINTS" -r /dev/stdin
 grep -E "$NO_DEPS" "$REQS" | "$VENV/bin/pip" install -q --no-deps -r /dev/stdin
-inputs_hash > "$STAMP"
-echo "$VENV ready in $(( $(date +%s) - started )) s, $(du -sh "$VENV" | cut -f1)"
+side_venv_done
