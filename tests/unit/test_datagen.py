@@ -267,7 +267,7 @@ def test_openai_requests_are_retried_through_a_burst_of_503s(tiny, tmp_path):
 def test_prompts_that_still_fail_fail_the_step_and_the_next_run_asks_only_for_them(tiny, tmp_path, capsys):
     store, tid, model, tok = tiny
     path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:6])
-    sets = ["target.tiny.pretrain_steps=100", f"dataset.sources=[{{kind: file, path: '{path}'}}]",
+    sets = [TINY_PRETRAIN, f"dataset.sources=[{{kind: file, path: '{path}'}}]",
             "datagen.max_new_tokens=12", "datagen.batch_size=4", "datagen.backend=openai", "datagen.retries=1",
             FAST_RETRY, "datagen.concurrency=1"]
     before = store.list("dataset")

@@ -11,12 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from steps import artifacts  # noqa: E402
-from steps import target as T  # noqa: E402
-from steps.config import load_config  # noqa: E402
 from steps.datagen import stop_token_ids  # noqa: E402
 from steps.decode import cpu_threads, decode, generate_reference, torch_threads  # noqa: E402
 from steps.prompts import chat_token_ids  # noqa: E402
-from steps.store import open_store  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,9 +22,8 @@ QUESTIONS = ["Say hello.", "What does `json.dumps` do? Explain briefly.", "Name 
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    store = open_store(f"file://{tmp_path_factory.mktemp('tiny') / 'store'}")
-    m = T.run(load_config("configs/tiny.yaml", ["target.tiny.pretrain_steps=100"]), store)
+def tiny(tiny_target):
+    store, m, _ = tiny_target                    # the session's pretrained tiny target (tests/conftest.py)
     model, tok = artifacts.load_target(store, m.id)
     prompts = [chat_token_ids(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
     return model, tok, prompts
