@@ -18,42 +18,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-import types
 from pathlib import Path
 
-
-def _stand_ins() -> None:
-    """speculators imports `openai` and `datasets` (and their submodules) at module level for data
-    generation; its EAGLE-3 model and training forward use neither, and neither is installed in the side
-    venv. Any `openai.*` / `datasets.*` import gets an empty module whose public names are empty classes."""
-    import importlib.abc
-    import importlib.machinery
-
-    def attr(name: str) -> type:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return type(name, (), {})                 # `from openai import AsyncOpenAI` and the like resolve
-
-    class StandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, fullname, path, target=None):
-            if fullname.split(".")[0] in ("openai", "datasets"):
-                return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-            return None
-
-        def create_module(self, spec):
-            mod = types.ModuleType(spec.name)
-            mod.__path__ = []
-            mod.__getattr__ = attr
-            return mod
-
-        def exec_module(self, module):
-            pass
-
-    sys.meta_path.insert(0, StandIn())
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a script in the side venv
+from benchmarks.stand_ins import stand_in  # noqa: E402
 
 
 def main(work: Path, out: Path) -> None:
-    _stand_ins()
+    stand_in()
     import torch
     from safetensors.torch import load_file
     from speculators.config import SpeculatorsConfig, VerifierConfig
