@@ -212,7 +212,7 @@ class MappingConfig(Section):
 
 # --- train ----------------------------------------------------------------------------------------
 
-class DraftShape(Section):
+class DraftLayerConfig(Section):
     """Draft decoder-layer shape; unset fields are taken from the target."""
     intermediate_size: Count | None = None
     num_attention_heads: Count | None = None
@@ -221,7 +221,7 @@ class DraftShape(Section):
 
 
 class TrainConfig(Section):
-    draft: DraftShape = DraftShape()
+    draft: DraftLayerConfig = DraftLayerConfig()
     #: training-time-test unroll; step i is weighted step_decay**i.
     ttt_steps: Count = 7
     step_decay: Annotated[float, Field(gt=0, le=1)] = 0.8
