@@ -150,6 +150,30 @@ def make_server(host: str, port: int, *, store: str, api_url: str, token: str | 
     return AdapterServer((host, port), store=opened, api_url=api_url, token=token)
 
 
+class _StderrHandler(logging.Handler):
+    """Writes to `sys.stderr` as it is when the line is written (a StreamHandler keeps the stream it was
+    made with, which may be closed by then: a test's captured stderr)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 — logging must never raise
+            self.handleError(record)
+
+
+def _log_to_stderr() -> None:
+    """The adapter's own lines on stderr. Its own handler, not the root logger's: importing Prefect has already
+    configured logging (so `basicConfig` would do nothing), and replacing the root handlers would re-route
+    every other logger of the process (Prefect's included)."""
+    if not log.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flows.minio_adapter", description=__doc__.splitlines()[0])
     p.add_argument("--store", default=os.environ.get("EAGLENEST_STORE"),
@@ -162,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="require `Authorization: Bearer TOKEN` (MinIO's webhook auth_token); default: "
                         "$EAGLENEST_ADAPTER_TOKEN")
     args = p.parse_args(argv)
-    # force: importing Prefect already configured the root logger (WARNING), which would drop every line here
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    _log_to_stderr()
     missing = [flag for flag, value in (("--store", args.store), ("--api-url", args.api_url)) if not value]
     if missing:
         print(f"minio_adapter: {' and '.join(missing)} not given and not in the environment "
