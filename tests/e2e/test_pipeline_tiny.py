@@ -54,3 +54,28 @@ def test_tiny_demo_trained_draft_beats_untrained(tmp_path_factory, prefect_stack
     for record in [*summary["steps"].values(), *summary["control_steps"].values()]:
         kind, art_id = record["uri"].rstrip("/").split("/")[-2:]
         store.verify(kind, art_id)
+
+
+@pytest.mark.slow
+def test_eaglenest_pipeline_from_the_shell_reuses_the_stored_chain(prefect_stack):
+    """`eaglenest pipeline` (the in-process flow a user runs from a shell) on the store the runs above filled:
+    every step through verify is answered from its content-addressed artifact, the run completes, and the
+    records name artifacts that verify."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    run = subprocess.run([sys.executable, "-m", "flows.cli", "pipeline", "--config", "configs/tiny.yaml",
+                          "--store", prefect_stack.store_uri, "--through", "verify", "--json"],
+                         cwd=REPO, env=prefect_stack.env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    out = json.loads(run.stdout[run.stdout.index('{\n  "state"'):])     # after any log lines
+    assert out["state"] == "Completed"
+    assert list(out["records"]) == ["target", "datagen", "extract", "mapping", "train", "export", "verify"]
+    store = open_store(prefect_stack.store_uri)
+    for name, record in out["records"].items():
+        kind, art_id = record["uri"].rstrip("/").split("/")[-2:]
+        assert (kind, art_id) == (record["kind"], record["id"]), name
+        store.verify(kind, art_id)
+    assert out["records"]["verify"]["metrics"]["tau"] >= 1.0 + MIN_GAIN     # the trained draft, not a control
