@@ -237,7 +237,7 @@ def copying_draft(target, *, bigram: torch.Tensor | None = None, intermediate_si
 
 # --- artifacts -----------------------------------------------------------------------------------------
 
-def put_draft(store, draft: Eagle3Draft, *, draft_id: str = "copying", layer_ids=LAYER_IDS,
+def put_draft(store, draft: Eagle3Draft, *, draft_id: str = "c09e1d2a0f7b3c11", layer_ids=LAYER_IDS,
               num_hidden_layers: int = 4, target_name: str = "bigram") -> str:
     """Write `draft` as train does: a `draft` artifact of canonical fp32 weights + draft_config.json."""
     writer = store.begin("draft", draft_id, step="train")
