@@ -129,7 +129,7 @@ class DatasetConfig(Section):
     #: MT-bench categories held out for evaluation (all of MT-bench by default).
     eval_categories: list[str] | None = None
     #: prompts of the mixed sources kept out of training: verify's in-distribution τ (0: none).
-    held_out: int = Field(0, ge=0)
+    held_out: Natural = 0
 
     @field_validator("sources")
     @classmethod
@@ -152,8 +152,8 @@ class DatagenConfig(Section):
     max_prompt_tokens: Count = 1024
     #: `openai`: tries after a failed request (5xx, 408, 429, connection errors, malformed replies),
     #: waiting retry_backoff_s, then twice as long each time (at most 30 s).
-    retries: int = Field(5, ge=0)
-    retry_backoff_s: float = Field(1.0, ge=0)
+    retries: Natural = 5
+    retry_backoff_s: NonNegative = 1.0
 
     @model_validator(mode="after")
     def _url_for_openai(self) -> DatagenConfig:
@@ -252,9 +252,9 @@ class TrainConfig(Section):
     #: τ while training (steps/training/evaluate.py): every `eval_every` optimizer steps (and after the
     #: last) the simulated acceptance length τ_sim on a held-out `eval_fraction` of the sequences (never
     #: trained on; at most `eval_max_tokens` of them evaluated). 0 turns it off and trains on everything.
-    eval_every: int = Field(50, ge=0)
+    eval_every: Natural = 50
     eval_fraction: float = Field(0.05, ge=0.0, le=0.5)
-    eval_max_tokens: int = Field(16384, ge=1)
+    eval_max_tokens: Count = 16384
     #: export the checkpoint with the best τ_sim (the manifest names its step), not the last one.
     keep_best: bool = True
     #: start the draft's lm_head from the target's lm_head rows of the draft vocab, and its final norm
@@ -289,7 +289,7 @@ class VerifyConfig(Section):
     categories: list[str] | None = None
     #: prompts of the dataset's held-out split (dataset.held_out) to measure in-distribution τ on
     #: (None: all of them; 0: skip, as the demo's untrained control does).
-    in_distribution_prompts: int | None = Field(None, ge=0)
+    in_distribution_prompts: Natural | None = None
 
 
 class ServeConfig(Section):
