@@ -11,56 +11,25 @@ Long steps report progress through `steps/progress.py`; here it becomes a progre
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from flows.ui import ProgressArtifacts, step_artifacts
 from steps import progress
-from steps.config import find_config, load_config
 from steps.registry import DEFAULT_CONFIG
 from steps.registry import STEPS as REGISTRY
+from steps.registry import call_step as _run
+from steps.registry import open_config as _open
 from steps.secrets import install_log_redaction
-from steps.store import open_store, store_uri_for
 
 #: views of the one table, steps/registry.py: step → (module, the artifact ids its run() takes, in order;
 #: options it accepts as keyword arguments), and step → hardware class (DESIGN.md: one image per class)
 STEPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     s.name: (s.module, s.inputs, s.option_names) for s in REGISTRY.values()}
 HARDWARE: dict[str, str] = {s.name: s.hardware for s in REGISTRY.values()}
-
-
-def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
-             inputs: dict[str, str], options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load the config, open the store, call `steps.<step>.run(cfg, store, *inputs, **options)`."""
-    cfg, store = _open(config, overrides, store_uri)
-    return _run(step, cfg, store, inputs, options)
-
-
-def _open(config: str, overrides: list[str] | None, store_uri: str | None) -> tuple[Any, Any]:
-    cfg = load_config(find_config(config), overrides)
-    return cfg, open_store(store_uri_for(store_uri, cfg.store))
-
-
-def _run(step: str, cfg: Any, store: Any, inputs: dict[str, str], options: dict[str, Any] | None) -> dict[str, Any]:
-    module_name, input_names, option_names = STEPS[step]
-    missing = [n for n in input_names if n not in inputs]
-    if missing:
-        raise ValueError(f"step {step!r} needs artifact ids {list(input_names)}; missing {missing}")
-    unknown = sorted(set(options or {}) - set(option_names))
-    if unknown:
-        raise ValueError(f"step {step!r} takes options {list(option_names)}; got unknown {unknown}")
-    module = importlib.import_module(module_name)
-    start = time.perf_counter()
-    manifest = module.run(cfg, store, *(inputs[n] for n in input_names),
-                          **{k: v for k, v in (options or {}).items() if v is not None})
-    return {"step": step, "kind": manifest.kind, "id": manifest.id,
-            "uri": store.artifact_uri(manifest.kind, manifest.id),
-            "seconds": round(time.perf_counter() - start, 2), "metrics": manifest.metrics, "meta": manifest.meta}
 
 
 def run_step_reporting(step: str, config: str, overrides: list[str] | None, store_uri: str | None,

@@ -293,6 +293,43 @@ def _run(step: Step, args: argparse.Namespace) -> int:
     return int(getattr(module, step.exit_code)(manifest)) if step.exit_code else 0
 
 
+# --- in-process calls (flows, benchmarks): a step's run() with its inputs by name -------------------------
+
+def open_config(config: str, overrides: list[str] | None, store_uri: str | None) -> tuple[Any, Any]:
+    """(the config, the store it names or `store_uri` overrides)."""
+    from steps.config import find_config, load_config
+    from steps.store import open_store, store_uri_for
+
+    cfg = load_config(find_config(config), overrides)
+    return cfg, open_store(store_uri_for(store_uri, cfg.store))
+
+
+def call_step(step: str, cfg: Any, store: Any, inputs: dict[str, str],
+              options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`steps.<step>.run(cfg, store, *inputs, **options)` -> its record (id, uri, seconds, metrics, meta)."""
+    row = STEPS[step]
+    missing = [n for n in row.inputs if n not in inputs]
+    if missing:
+        raise ValueError(f"step {step!r} needs artifact ids {list(row.inputs)}; missing {missing}")
+    unknown = sorted(set(options or {}) - set(row.option_names))
+    if unknown:
+        raise ValueError(f"step {step!r} takes options {list(row.option_names)}; got unknown {unknown}")
+    module = importlib.import_module(row.module)
+    start = time.perf_counter()
+    manifest = module.run(cfg, store, *(inputs[n] for n in row.inputs),
+                          **{k: v for k, v in (options or {}).items() if v is not None})
+    return {"step": step, "kind": manifest.kind, "id": manifest.id,
+            "uri": store.artifact_uri(manifest.kind, manifest.id),
+            "seconds": round(time.perf_counter() - start, 2), "metrics": manifest.metrics, "meta": manifest.meta}
+
+
+def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
+             inputs: dict[str, str], options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load the config, open the store, call the step (no Prefect: benchmarks run this on the GPU machine)."""
+    cfg, store = open_config(config, overrides, store_uri)
+    return call_step(step, cfg, store, inputs, options)
+
+
 def step_main(name: str, argv: list[str] | None = None) -> int:
     """The CLI of step `name`; returns the exit code (0, 1 for a gate that refuses, 2 for a usage error)."""
     step = STEPS[name]
@@ -311,5 +348,6 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["DEFAULT_CONFIG", "Option", "Step", "STEPS", "TOOLS", "add_common_args", "parser_for", "step_main",
+__all__ = ["DEFAULT_CONFIG", "Option", "Step", "STEPS", "TOOLS", "add_common_args", "call_step", "open_config",
+           "parser_for", "run_step", "step_main",
            "version", "UsageError"]

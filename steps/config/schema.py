@@ -148,6 +148,11 @@ class DatagenConfig(Section):
     #: 0 = greedy, the mode the drafter is served in (largest single lever on acceptance).
     temperature: NonNegative = 0.0
     batch_size: Count = 8
+    #: answers per prompt: the first at `temperature`, the others sampled at `sample_temperature` (seeded).
+    #: More of the target's own text for the same prompts: the draft learns the target's distribution at
+    #: each position of that text, so sampled answers are valid training contexts (data is what limits τ).
+    samples_per_prompt: Count = 1
+    sample_temperature: Positive = 0.8
     #: prompts longer than this (tokens) are skipped and counted.
     max_prompt_tokens: Count = 1024
     #: `openai`: tries after a failed request (5xx, 408, 429, connection errors, malformed replies),
