@@ -6,7 +6,8 @@ held-out MT-bench prompts and on training prompts (in distribution).
     .venv/bin/python benchmarks/init_ablation.py --config tiny --store file://out/store --train-prompts 8
 
 Variants: `random` (init_lm_head=false, init_norm=false), `head` (lm_head rows from the target),
-`head+norm` (the default: lm_head rows and the final norm from the target). Prints a table and writes
+`head+norm` (the default: lm_head rows and the final norm from the target), `head+norm, head frozen`
+(the head stays the target's rows, as speculators trains). Prints a table and writes
 init_ablation.json in --out.
 """
 
@@ -24,7 +25,8 @@ from quality_parity import inputs, measure_dir, training_prompts  # noqa: E402
 
 VARIANTS = {"random": ["train.init_lm_head=false", "train.init_norm=false"],
             "head": ["train.init_lm_head=true", "train.init_norm=false"],
-            "head+norm": ["train.init_lm_head=true", "train.init_norm=true"]}
+            "head+norm": ["train.init_lm_head=true", "train.init_norm=true"],
+            "head+norm, head frozen": ["train.init_lm_head=true", "train.init_norm=true", "train.freeze_lm_head=true"]}
 
 
 def main(argv: list[str] | None = None) -> int:
