@@ -27,6 +27,7 @@ import hmac
 import json
 import logging
 import os
+import signal
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -199,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("listening on http://%s:%d for notifications on %s/%s/, events to %s", *server.server_address[:2],
              server.store.uri, PREFIX, args.api_url)
+    # Ctrl-C and `docker stop` (SIGTERM) end it cleanly, also where it was started with SIGINT ignored
+    # (a shell's background job: Python then installs no KeyboardInterrupt handler of its own)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

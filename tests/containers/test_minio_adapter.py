@@ -203,14 +203,16 @@ def test_a_file_store_is_refused_with_the_fix():
 
 def test_main_serves_notifications_until_interrupted(prefect_api, tmp_path):
     """`python -m flows.minio_adapter` as compose runs it: settings from the environment, a notification in, the
-    event stored by Prefect, and SIGINT (Ctrl-C) ends it with exit 0."""
+    event stored by Prefect, and SIGINT (Ctrl-C) ends it with exit 0 — started as a shell's background job
+    starts it, with SIGINT ignored (a CI run under `nohup … &` did, and the adapter never stopped)."""
     port = free_port()
     env = {**os.environ, "EAGLENEST_STORE": "s3://eaglenest", "PREFECT_API_URL": prefect_api,
            "EAGLENEST_ADAPTER_TOKEN": "s3cret"}
     log = tmp_path / "adapter.log"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flows.minio_adapter", "--port", str(port)], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+                                stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
