@@ -1,0 +1,118 @@
+"""A step as its own process: `python -m steps.<step> ... --json`, started from a flow.
+
+The local pool runs each step flow as a subflow of the pipeline (one Python process for the orchestration,
+no worker pick-up, no fresh Prefect per step), and the step itself here, in a child process: the
+orchestrator never imports torch, a step's memory (a target, a draft, CUDA) is returned when it ends, and
+the step runs exactly as a container or a shell runs it (the same CLI, `steps/registry.py`).
+
+What crosses the boundary: the arguments as CLI flags (`--config`, `--store`, `--set`, one `--<input> ID`
+each, `--<option> V`); the step's log lines (stderr) to `log`, its progress as `steps.progress` lines to
+`on_progress`; its record (`--json`, the last line of stdout) back. A step that ends without a record
+raises StepProcessFailed with the end of its stderr (the traceback, or the one-line usage error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from steps import progress
+from steps.processes import forwarding_signals
+from steps.registry import STEPS
+
+#: the code the flow runs: first on the child's path, so `python -m steps.<step>` is the same code (the child
+#: keeps our working directory, so relative store and config paths mean the same there)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: stderr lines kept for the error message of a step that fails
+TAIL_LINES = 40
+
+
+class StepProcessFailed(RuntimeError):
+    """`python -m steps.<step>` ended without a record (a crash, a usage error, a signal)."""
+
+
+def step_argv(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
+              inputs: Mapping[str, str], options: Mapping[str, Any] | None) -> list[str]:
+    """The command line that runs `step` as `steps.<step>.run(cfg, store, *inputs, **options)` would."""
+    spec = STEPS[step]
+    cli_options = {o.name for o in spec.options if o.cli}
+    argv = [sys.executable, "-m", spec.module, "--config", config, "--json"]
+    if store_uri:
+        argv += ["--store", store_uri]
+    for override in overrides or []:
+        argv += ["--set", override]
+    for name in spec.inputs:
+        argv += [f"--{name}", inputs[name]]
+    for name, value in (options or {}).items():
+        if value is None or name not in cli_options:
+            continue
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
+def step_env(options: Mapping[str, Any] | None) -> dict[str, str]:
+    """The child's environment: ours, progress as lines, and serve's `env` option (the server inherits it)."""
+    extra = dict((options or {}).get("env") or {})
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, **{k: str(v) for k, v in extra.items()}, progress.LINES_ENV: "1",
+            "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def run_step_process(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
+                     inputs: Mapping[str, str], options: Mapping[str, Any] | None = None, *,
+                     log: Callable[[str], None], on_progress: Callable[[progress.Update], None]) -> dict[str, Any]:
+    """Run the step in a child process; its record. Raises StepProcessFailed when it gives none."""
+    missing = [n for n in STEPS[step].inputs if n not in inputs]
+    if missing:
+        raise ValueError(f"step {step!r} needs artifact ids {list(STEPS[step].inputs)}; missing {missing}")
+    unknown = sorted(set(options or {}) - {o.name for o in STEPS[step].options})
+    if unknown:
+        raise ValueError(f"step {step!r} takes options {[o.name for o in STEPS[step].options]}; got unknown {unknown}")
+    argv = step_argv(step, config, overrides, store_uri, inputs, options)
+    proc = subprocess.Popen(argv, env=step_env(options), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    # stdout is read on a thread so neither pipe can fill up while the other is read
+    stdout: list[str] = []
+    reader = threading.Thread(target=lambda: stdout.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    # a cancelled or crashed flow run must not leave the step (and a server it started) running
+    with forwarding_signals(lambda: proc.terminate()):
+        for raw in proc.stderr or []:
+            _forward(raw.rstrip("\n"), tail, log, on_progress)
+        code = proc.wait()
+    reader.join()
+    record = _record(stdout)
+    if record is None:
+        raise StepProcessFailed(f"`python -m steps.{step}` exited {code} without a record; its last lines:\n"
+                                + "\n".join(tail))
+    return record
+
+
+def _forward(line: str, tail: deque[str], log: Callable[[str], None],
+             on_progress: Callable[[progress.Update], None]) -> None:
+    update = progress.parse_line(line)
+    if update is not None:
+        on_progress(update)
+    elif line.strip():
+        tail.append(line)
+        log(line)
+
+
+def _record(stdout: list[str]) -> dict[str, Any] | None:
+    """The `--json` record: the last stdout line that is a JSON object with a kind and an id."""
+    for line in reversed(stdout):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and {"kind", "id"} <= set(value):
+            return value
+    return None
