@@ -22,10 +22,13 @@ the verdict, τ, speedup and where the export is.
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Callable
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE
+from prefect.context import TaskRunContext
 from prefect.deployments import run_deployment
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Completed, Failed, State
@@ -80,7 +83,7 @@ def _run_call(step: str, config: str, overrides: list[str], store: str | None, i
         # a subflow of this run (its own run in the UI graph) whose step is a child process: no worker
         # pick-up and no second Prefect start-up per step (benchmarks/README.md: that was most of the overhead)
         name = f"{step} (subflow)"
-        child_state = step_flow(step)(**parameters, isolated=True, return_state=True)
+        child_state = outside_task(lambda: step_flow(step)(**parameters, isolated=True, return_state=True))
         child_name = child_state.state_details.flow_run_id
     else:
         name = f"{step}/{step}-{pool}"   # deploy/prefect.yaml: `<step>-<local|docker|k8s>` under each step flow
@@ -92,6 +95,14 @@ def _run_call(step: str, config: str, overrides: list[str], store: str | None, i
         raise StepRunFailed(f"{name}: flow run {child_name} ended {state}: "
                             f"{child_state.message if child_state else ''}")
     return child_state.result()
+
+
+def outside_task(call: Callable[[], Any]) -> Any:
+    """`call()` without this task's run context: a subflow started inside a task still sees the task's
+    context, so Prefect would file the step's logs under the parent's task run instead of the step's run."""
+    context = contextvars.copy_context()
+    context.run(TaskRunContext.__var__.set, None)
+    return context.run(call)
 
 
 def run_name() -> str:
