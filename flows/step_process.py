@@ -5,6 +5,11 @@ no worker pick-up, no fresh Prefect per step), and the step itself here, in a ch
 orchestrator never imports torch, a step's memory (a target, a draft, CUDA) is returned when it ends, and
 the step runs exactly as a container or a shell runs it (the same CLI, `steps/registry.py`).
 
+Starting Python and importing torch costs seconds per step, so the process is started ahead: while a
+step runs, the next one (`python -m steps.warm_start`) already imports what steps need, and the step after
+it gets its command line on stdin — the same `step_main` as `python -m steps.<step>`. Whatever spare is
+left when this process exits is ended with it.
+
 What crosses the boundary: the arguments as CLI flags (`--config`, `--store`, `--set`, one `--<input> ID`
 each, `--<option> V`); the step's log lines (stderr) to `log`, its progress as `steps.progress` lines to
 `on_progress`; its record (`--json`, the last line of stdout) back. A step that ends without a record
@@ -13,6 +18,7 @@ raises StepProcessFailed with the end of its stderr (the traceback, or the one-l
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -30,6 +36,8 @@ from steps.registry import STEPS
 #: the code the flow runs: first on the child's path, so `python -m steps.<step>` is the same code (the child
 #: keeps our working directory, so relative store and config paths mean the same there)
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: the registry's chain ends with it: no spare is started for a step after it
+LAST_STEP = list(STEPS)[-1]
 #: stderr lines kept for the error message of a step that fails
 TAIL_LINES = 40
 
@@ -57,12 +65,48 @@ def step_argv(step: str, config: str, overrides: list[str] | None, store_uri: st
     return argv
 
 
-def step_env(options: Mapping[str, Any] | None) -> dict[str, str]:
-    """The child's environment: ours, progress as lines, and serve's `env` option (the server inherits it)."""
-    extra = dict((options or {}).get("env") or {})
+def step_env() -> dict[str, str]:
+    """A step process's environment: ours, this code first on the path, progress as lines."""
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, **{k: str(v) for k, v in extra.items()}, progress.LINES_ENV: "1",
-            "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, progress.LINES_ENV: "1", "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def extra_env(options: Mapping[str, Any] | None) -> dict[str, str]:
+    """Serve's `env` option (no CLI flag): set in the step's environment, which the server inherits."""
+    return {k: str(v) for k, v in ((options or {}).get("env") or {}).items()}
+
+
+_spare_lock = threading.Lock()
+_spare: subprocess.Popen | None = None
+
+
+def _warm_process() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "steps.warm_start"], env=step_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+
+
+def start_step_process(step: str, argv: list[str], options: Mapping[str, Any] | None) -> subprocess.Popen:
+    """A process running `argv` (`python -m steps.<step> ...`): the spare started during the previous step,
+    given the command line; and a new spare for the next step."""
+    global _spare
+    with _spare_lock:
+        proc = _spare if _spare is not None and _spare.poll() is None else _warm_process()
+        _spare = _warm_process() if step != LAST_STEP else None
+    assert proc.stdin is not None and argv[1:3] == ["-m", STEPS[step].module]
+    proc.stdin.write(json.dumps({"step": step, "argv": argv[3:], "env": extra_env(options)}) + "\n")
+    proc.stdin.close()
+    return proc
+
+
+@atexit.register
+def discard_spare() -> None:
+    """End the spare no step will use (it exits on its own at end of input too)."""
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is not None and spare.poll() is None:
+        spare.terminate()
+        spare.wait()
 
 
 def run_step_process(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
@@ -76,8 +120,7 @@ def run_step_process(step: str, config: str, overrides: list[str] | None, store_
     if unknown:
         raise ValueError(f"step {step!r} takes options {[o.name for o in STEPS[step].options]}; got unknown {unknown}")
     argv = step_argv(step, config, overrides, store_uri, inputs, options)
-    proc = subprocess.Popen(argv, env=step_env(options), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = start_step_process(step, argv, options)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     # stdout is read on a thread so neither pipe can fill up while the other is read
     stdout: list[str] = []

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from flows.step_process import StepProcessFailed, run_step_process, step_argv, step_env
+from flows.step_process import StepProcessFailed, discard_spare, extra_env, run_step_process, step_argv, step_env
 from steps import progress
 from steps.store import open_store
 
@@ -62,5 +62,21 @@ def test_inputs_and_options_become_flags_and_serves_env_goes_to_the_process(worl
                                   f"--target {T0} --spec-url http://h:1 --attempt 2")
     serve = step_argv("serve", "c.yaml", [], None, {"export": "e" * 16, "target": T0}, {"env": {"A": "1"}})
     assert "--env" not in serve and "--store" not in serve
-    env = step_env({"env": {"SGLANG_X": 3}})
-    assert env["SGLANG_X"] == "3" and env[progress.LINES_ENV] == "1"
+    assert extra_env({"env": {"SGLANG_X": 3}}) == {"SGLANG_X": "3"} and extra_env({}) == {}
+    assert step_env()[progress.LINES_ENV] == "1"
+
+
+def test_the_next_step_process_is_started_ahead_and_the_last_step_leaves_none(world):
+    import flows.step_process as sp
+
+    discard_spare()
+    run_step_process("mapping", world["config"], [], world["store"].uri, {"dataset": D0, "target": T0},
+                     log=lambda line: None, on_progress=lambda u: None)
+    spare = sp._spare
+    assert spare is not None and spare.poll() is None          # importing torch for the next step already
+    with pytest.raises(StepProcessFailed):                    # the gate runs in that spare, and starts none
+        run_step_process("gate", world["config"], [], world["store"].uri,
+                         {"export": "ab" * 8, "target": T0, "benchmark": "cd" * 8},
+                         log=lambda line: None, on_progress=lambda u: None)
+    assert spare.poll() is not None and sp._spare is None
+    assert sp.LAST_STEP == "gate"
