@@ -37,6 +37,7 @@ from flows import ui
 from flows.gate import current_flow_run_id, promote_in_transaction
 from flows.reuse import remember, resolve
 from flows.step_flows import STEPS, run_step_reporting, step_flow
+from flows.step_process import warm_up
 from steps.config import PipelineConfig, find_config, load_config
 from steps.store import open_store, store_uri_for
 
@@ -132,6 +133,8 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
     """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record
     (through the gate: as the data of a final state named after the verdict). `reuse=False`: every step
     as its own run even when its artifact is stored (`flows/reuse.py`)."""
+    if mode == "deployments" and pool == LOCAL_POOL:
+        warm_up()       # the first step's process imports torch while this run loads its config and store
     overrides = list(overrides or []) + dataset_overrides(dataset)
     cfg = load_config(find_config(config), overrides)
     store_uri = store_uri_for(store, cfg.store)

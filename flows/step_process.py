@@ -85,6 +85,14 @@ def _warm_process() -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
 
 
+def warm_up() -> None:
+    """Start the spare for the first step now (the orchestrator's own start-up hides its imports)."""
+    global _spare
+    with _spare_lock:
+        if _spare is None or _spare.poll() is not None:
+            _spare = _warm_process()
+
+
 def start_step_process(step: str, argv: list[str], options: Mapping[str, Any] | None) -> subprocess.Popen:
     """A process running `argv` (`python -m steps.<step> ...`): the spare started during the previous step,
     given the command line; and a new spare for the next step."""
