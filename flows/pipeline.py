@@ -49,7 +49,7 @@ LOCAL_POOL = "local"
 
 
 class StepRunFailed(RuntimeError):
-    """A step's deployment run ended in a state other than Completed."""
+    """A step's own flow run (a deployment run or a subflow) ended in a state other than Completed."""
 
 
 @task(name="step", task_run_name="{label}", persist_result=True, cache_policy=INPUTS + TASK_SOURCE + RUN_ID)

@@ -24,7 +24,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.step_process import run_step_process
+from flows.step_process import check_call, run_step_process
 from flows.ui import ProgressArtifacts, step_artifacts
 from steps import progress
 from steps.config import find_config, load_config
@@ -54,13 +54,8 @@ def _open(config: str, overrides: list[str] | None, store_uri: str | None) -> tu
 
 
 def _run(step: str, cfg: Any, store: Any, inputs: dict[str, str], options: dict[str, Any] | None) -> dict[str, Any]:
-    module_name, input_names, option_names = STEPS[step]
-    missing = [n for n in input_names if n not in inputs]
-    if missing:
-        raise ValueError(f"step {step!r} needs artifact ids {list(input_names)}; missing {missing}")
-    unknown = sorted(set(options or {}) - set(option_names))
-    if unknown:
-        raise ValueError(f"step {step!r} takes options {list(option_names)}; got unknown {unknown}")
+    module_name, input_names, _ = STEPS[step]
+    check_call(step, inputs, options)
     module = importlib.import_module(module_name)
     start = time.perf_counter()
     manifest = module.run(cfg, store, *(inputs[n] for n in input_names),

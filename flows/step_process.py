@@ -46,6 +46,17 @@ class StepProcessFailed(RuntimeError):
     """`python -m steps.<step>` ended without a record (a crash, a usage error, a signal)."""
 
 
+def check_call(step: str, inputs: Mapping[str, str], options: Mapping[str, Any] | None) -> None:
+    """A step call names every artifact id the step's run() takes and only options it accepts."""
+    spec = STEPS[step]
+    missing = [n for n in spec.inputs if n not in inputs]
+    if missing:
+        raise ValueError(f"step {step!r} needs artifact ids {list(spec.inputs)}; missing {missing}")
+    unknown = sorted(set(options or {}) - set(spec.option_names))
+    if unknown:
+        raise ValueError(f"step {step!r} takes options {list(spec.option_names)}; got unknown {unknown}")
+
+
 def step_argv(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
               inputs: Mapping[str, str], options: Mapping[str, Any] | None) -> list[str]:
     """The command line that runs `step` as `steps.<step>.run(cfg, store, *inputs, **options)` would."""
@@ -121,12 +132,7 @@ def run_step_process(step: str, config: str, overrides: list[str] | None, store_
                      inputs: Mapping[str, str], options: Mapping[str, Any] | None = None, *,
                      log: Callable[[str], None], on_progress: Callable[[progress.Update], None]) -> dict[str, Any]:
     """Run the step in a child process; its record. Raises StepProcessFailed when it gives none."""
-    missing = [n for n in STEPS[step].inputs if n not in inputs]
-    if missing:
-        raise ValueError(f"step {step!r} needs artifact ids {list(STEPS[step].inputs)}; missing {missing}")
-    unknown = sorted(set(options or {}) - {o.name for o in STEPS[step].options})
-    if unknown:
-        raise ValueError(f"step {step!r} takes options {[o.name for o in STEPS[step].options]}; got unknown {unknown}")
+    check_call(step, inputs, options)
     argv = step_argv(step, config, overrides, store_uri, inputs, options)
     proc = start_step_process(step, argv, options)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
