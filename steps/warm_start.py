@@ -2,7 +2,7 @@
 
 Starting Python and importing torch and transformers costs 2–4 s on a small machine, more than many tiny
 steps' own work. An orchestrator that runs steps one after another as processes (flows/step_process.py)
-starts the next one of these while the current step runs; it imports every step module, then waits
+starts the next one of these while the current step runs; it imports what every step needs, then waits
 for one line on stdin, `{"step": name, "argv": [...], "env": {...}}`, and runs exactly what
 `python -m steps.<name> ARGV` would (`step_main`). End of input before any line: exit 0 (the orchestrator
 ended and needs no more steps).
@@ -10,18 +10,18 @@ ended and needs no more steps).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 
 
 def preload() -> None:
-    """Every step module (torch, transformers and the library come with them): the step is not known yet."""
-    from steps.registry import STEPS
+    """What nearly every step imports: torch, transformers' auto classes, the library's config and store."""
+    import torch  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
-    for step in STEPS.values():
-        importlib.import_module(step.module)
+    import steps.artifacts  # noqa: F401
+    import steps.registry  # noqa: F401
 
 
 def main() -> int:
