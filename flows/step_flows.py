@@ -108,15 +108,18 @@ def _train_log(store: Any, record: dict[str, Any]) -> list[dict[str, Any]] | Non
 
 
 def _step_flow(step: str):
-    @flow(name=step, description=f"eaglenest step `eaglenest {step}`: {REGISTRY[step].help} ({HARDWARE[step]} pool)",
-          persist_result=True,
-          flow_run_name=f"{step}-{{config}}", log_prints=True)
     def step_flow(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, store: str | None = None,
                   inputs: dict[str, str] | None = None, options: dict[str, Any] | None = None,
                   isolated: bool = False) -> dict[str, Any]:
         return run_step_reporting(step, config, overrides, store, inputs or {}, options, isolated=isolated)
 
-    return step_flow
+    # one function name per step: Prefect keys a subflow's run in its parent by the function's name and code,
+    # so ten flows sharing one would find each other's runs (a retried pipeline got target's record back as
+    # its benchmark's)
+    step_flow.__name__ = step_flow.__qualname__ = f"{step}_flow"
+    return flow(name=step, description=f"eaglenest step `eaglenest {step}`: {REGISTRY[step].help} "
+                                       f"({HARDWARE[step]} pool)",
+                persist_result=True, flow_run_name=f"{step}-{{config}}", log_prints=True)(step_flow)
 
 
 def step_flow(step: str) -> Any:
