@@ -36,7 +36,7 @@ from prefect.states import Completed, Failed, State
 from flows import ui
 from flows.gate import current_flow_run_id, promote_in_transaction
 from flows.reuse import remember, resolve
-from flows.step_flows import STEPS, run_step_reporting, step_flow
+from flows.step_flows import STEPS, flow_of, run_step_reporting
 from flows.step_process import warm_up
 from steps.config import PipelineConfig, find_config, load_config
 from steps.store import open_store, store_uri_for
@@ -84,7 +84,7 @@ def _run_call(step: str, config: str, overrides: list[str], store: str | None, i
         # a subflow of this run (its own run in the UI graph) whose step is a child process: no worker
         # pick-up and no second Prefect start-up per step (benchmarks/README.md: that was most of the overhead)
         name = f"{step} (subflow)"
-        child_state = outside_task(lambda: step_flow(step)(**parameters, isolated=True, return_state=True))
+        child_state = outside_task(lambda: flow_of(step)(**parameters, isolated=True, return_state=True))
         child_name = child_state.state_details.flow_run_id
     else:
         name = f"{step}/{step}-{pool}"   # deploy/prefect.yaml: `<step>-<local|docker|k8s>` under each step flow

@@ -122,7 +122,7 @@ def _step_flow(step: str):
                 persist_result=True, flow_run_name=f"{step}-{{config}}", log_prints=True)(step_flow)
 
 
-def step_flow(step: str) -> Any:
+def flow_of(step: str) -> Any:
     """The flow of `step` (`<step>_flow` below)."""
     return globals()[f"{step}_flow"]
 
