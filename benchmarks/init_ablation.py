@@ -6,7 +6,8 @@ held-out MT-bench prompts and on training prompts (in distribution).
     .venv/bin/python benchmarks/init_ablation.py --config tiny --store file://out/store --train-prompts 8
 
 Variants: `random` (init_lm_head=false, init_norm=false), `head` (lm_head rows from the target),
-`head+norm` (the default: lm_head rows and the final norm from the target). Prints a table and writes
+`head+norm` (the default: lm_head rows and the final norm from the target), `head+norm, head frozen`
+(the head stays the target's rows, as speculators trains). Prints a table and writes
 init_ablation.json in --out.
 """
 
@@ -24,7 +25,8 @@ from quality_parity import inputs, measure_dir, training_prompts  # noqa: E402
 
 VARIANTS = {"random": ["train.init_lm_head=false", "train.init_norm=false"],
             "head": ["train.init_lm_head=true", "train.init_norm=false"],
-            "head+norm": ["train.init_lm_head=true", "train.init_norm=true"]}
+            "head+norm": ["train.init_lm_head=true", "train.init_norm=true"],
+            "head+norm, head frozen": ["train.init_lm_head=true", "train.init_norm=true", "train.freeze_lm_head=true"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from flows.step_flows import run_step
     from steps.artifacts import export_dir, load_target
     from steps.config import find_config, load_config
+    from steps.registry import run_step
     from steps.store import open_store, store_uri_for
 
     base = args.overrides + ["train.eval_every=0"]

@@ -38,6 +38,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = ROOT / ".venv-speculators"
+#: batches written ahead of speculators' trainer (each is a step's hidden states)
+AHEAD = 8
 
 
 class ParityError(RuntimeError):
@@ -45,6 +47,10 @@ class ParityError(RuntimeError):
 
 
 def speculators_python(venv: Path) -> Path:
+    """The interpreter that has speculators: `venv`'s, or `venv` itself when it names an interpreter (on the
+    GPU machine speculators' wheels are installed beside eaglenest's dependencies, into one python)."""
+    if venv.is_file():
+        return venv
     py = venv / "bin" / "python"
     if not py.is_file():
         raise ParityError(f"{venv}: no speculators side venv; build it with scripts/setup-speculators-venv.sh "
@@ -54,7 +60,7 @@ def speculators_python(venv: Path) -> Path:
 
 def inputs(config: str, overrides: list[str], store_uri: str) -> dict[str, str]:
     """target → datagen → extract → mapping (reused when the store already has them)."""
-    from flows.step_flows import run_step
+    from steps.registry import run_step
 
     ids = {"target": run_step("target", config, overrides, store_uri, {})["id"]}
     ids["dataset"] = run_step("datagen", config, overrides, store_uri, {"target": ids["target"]})["id"]
@@ -106,10 +112,8 @@ def train_speculators(cfg, store, ids: dict[str, str], work: Path, out: Path, ve
     setup = prepare(cfg, store, ids["target"], ids["hidden"], ids["vocab"])
     total = len(setup.plan) if t.max_steps is None else min(len(setup.plan), t.max_steps)
     work.mkdir(parents=True, exist_ok=True)
-    for step in range(total):
-        name, rows = setup.plan[step]
-        save_file(speculators_batch(make_batch(setup.reader.load(name), rows, t.max_length)),
-                  str(work / f"step-{step:06d}.safetensors"))
+    for old in work.glob("step-*.safetensors"):
+        old.unlink()
     d2t, t2d = load_vocab(store, ids["vocab"])
     save_file({"d2t": d2t, "t2d": t2d}, str(work / "vocab.safetensors"))
     plan = {"target_dir": str(target_dir(store, ids["target"])), "layer_ids": setup.meta["layer_ids"],
@@ -119,11 +123,29 @@ def train_speculators(cfg, store, ids: dict[str, str], work: Path, out: Path, ve
             "betas": list(BETAS), "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
             "loss_fn": "kl_div", "seed": cfg.seed, "threads": torch.get_num_threads()}
     (work / "plan.json").write_text(json.dumps(plan))
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([str(py), str(ROOT / "benchmarks" / "speculators_driver.py"), str(work), str(out)],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
-    if proc.returncode != 0:
-        raise ParityError(f"speculators training failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    # The driver trains while the batches are written, at most AHEAD steps ahead: a large dataset's
+    # batches (its hidden states, once per epoch) never sit on disk all at once.
+    with open(out.parent / f"{out.name}.log", "w") as log:
+        proc = subprocess.Popen([str(py), str(ROOT / "benchmarks" / "speculators_driver.py"), str(work), str(out)],
+                                stdout=log, stderr=subprocess.STDOUT,
+                                # a side venv must not see this venv's packages; a named interpreter keeps its path
+                                env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "") if venv.is_file()
+                                     else ""})
+        for step in range(total):
+            while len(list(work.glob("step-*.safetensors"))) >= AHEAD and proc.poll() is None:
+                time.sleep(0.02)
+            if proc.poll() is not None:
+                break
+            name, rows = setup.plan[step]
+            part = work / f".step-{step:06d}.part"
+            save_file(speculators_batch(make_batch(setup.reader.load(name), rows, t.max_length)), str(part))
+            part.rename(work / f"step-{step:06d}.safetensors")
+        code = proc.wait()
+    if code != 0:
+        tail = (out.parent / f"{out.name}.log").read_text()[-4000:]
+        raise ParityError(f"speculators training failed (exit {code}):\n{tail}")
     summary = json.loads((out / "train_summary.json").read_text())
     return {**summary, "wall_s": time.perf_counter() - t0,
             "final": json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])}
@@ -166,10 +188,10 @@ def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, ven
     training prompts when > 0) -> the result written to out/parity.json and out/parity.md."""
     import torch
 
-    from flows.step_flows import run_step
-    from steps.artifacts import export_dir, load_target
+    from steps.artifacts import export_dir, inference_device, load_target
     from steps.config import find_config, load_config
     from steps.convert import main as convert_main
+    from steps.registry import run_step
     from steps.store import open_store, store_uri_for
 
     speculators_python(venv)                          # fail before any work
@@ -193,7 +215,7 @@ def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, ven
     if convert_main([str(theirs_raw), str(theirs_dir), "--to", "sglang"]) != 0:
         raise ParityError(f"eaglenest convert {theirs_raw} {theirs_dir} --to sglang failed (see above)")
 
-    target, tokenizer = load_target(store, ids["target"])
+    target, tokenizer = load_target(store, ids["target"], device=inference_device())
     seen = training_prompts(store, ids["dataset"], tokenizer, train_prompts) if train_prompts else None
     rows = {"eaglenest": {**measure_dir(cfg, target, tokenizer, ours_dir), "train_s": rec["metrics"]["train_s"],
                           "tokens_trained": rec["metrics"]["tokens"], "steps": rec["metrics"]["steps"],

@@ -24,6 +24,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a script
 from benchmarks.stand_ins import stand_in  # noqa: E402
 
 
+def next_batch(work: Path, step: int, limit_s: float = 900.0) -> dict:
+    """Step `step`'s batch, waiting for the harness to write it (it writes a few steps ahead and renames
+    each file into place when complete); the file is removed once read, so the disk holds a few steps."""
+    from safetensors.torch import load_file
+
+    path, waited = work / f"step-{step:06d}.safetensors", 0.0
+    while not path.exists():
+        if waited > limit_s:
+            raise TimeoutError(f"{path}: not written after {limit_s:.0f} s")
+        time.sleep(0.02)
+        waited += 0.02
+    batch = load_file(str(path))
+    path.unlink()
+    return batch
+
+
 def main(work: Path, out: Path) -> None:
     stand_in()
     import torch
@@ -64,13 +80,14 @@ def main(work: Path, out: Path) -> None:
     model.load_verifier_weights()                     # embedding, lm_head rows (frozen), verifier norm
     # eaglenest's shards hold HF hidden_states[-1], already through the target's final norm
     model.verifier_norm = torch.nn.Identity()
-    model.train()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).train()
     loss_config = resolve_loss_config(plan["loss_fn"], "eager")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=plan["lrs"][0], betas=tuple(plan["betas"]), weight_decay=plan["weight_decay"])
     log, train_s, tokens = [], 0.0, 0
     for step, lr in enumerate(plan["lrs"]):
-        batch = load_file(str(work / f"step-{step:06d}.safetensors"))
+        batch = {k: v.to(device) for k, v in next_batch(work, step).items()}
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr
@@ -83,6 +100,8 @@ def main(work: Path, out: Path) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, plan["grad_clip"])
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         train_s += time.perf_counter() - t0
         tokens += int(batch["input_ids"].shape[1])
         acc = [float(metrics[f"full_acc_{j}_sum"]) / max(1.0, float(metrics[f"full_acc_{j}_total"]))

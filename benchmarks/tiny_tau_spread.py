@@ -30,12 +30,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def run_chain(seed: int, threads: int, root: Path) -> dict:
     import torch
 
-    from flows.step_flows import run_step
     from steps.artifacts import export_dir, load_target
     from steps.engine import Engine
     from steps.formats.sglang import sglang_layer_ids
     from steps.formats.sglang_loader import load_sglang_draft
     from steps.prompts import held_out_prompts
+    from steps.registry import run_step
     from steps.store import open_store
     from steps.verify import measure
 

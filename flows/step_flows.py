@@ -16,51 +16,27 @@ ends. A deployment run (a container, a process worker) runs the step in its own 
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.step_process import check_call, run_step_process
+from flows.step_process import run_step_process
 from flows.ui import ProgressArtifacts, step_artifacts
 from steps import progress
-from steps.config import find_config, load_config
+from steps.config import find_config
 from steps.registry import DEFAULT_CONFIG
 from steps.registry import STEPS as REGISTRY
-from steps.registry import record as step_record
+from steps.registry import call_step as _run
+from steps.registry import open_config as _open
 from steps.secrets import install_log_redaction
-from steps.store import open_store, store_uri_for
 
 #: views of the one table, steps/registry.py: step → (module, the artifact ids its run() takes, in order;
 #: options it accepts as keyword arguments), and step → hardware class (DESIGN.md: one image per class)
 STEPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     s.name: (s.module, s.inputs, s.option_names) for s in REGISTRY.values()}
 HARDWARE: dict[str, str] = {s.name: s.hardware for s in REGISTRY.values()}
-
-
-def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
-             inputs: dict[str, str], options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load the config, open the store, call `steps.<step>.run(cfg, store, *inputs, **options)`."""
-    cfg, store = _open(config, overrides, store_uri)
-    return _run(step, cfg, store, inputs, options)
-
-
-def _open(config: str, overrides: list[str] | None, store_uri: str | None) -> tuple[Any, Any]:
-    cfg = load_config(find_config(config), overrides)
-    return cfg, open_store(store_uri_for(store_uri, cfg.store))
-
-
-def _run(step: str, cfg: Any, store: Any, inputs: dict[str, str], options: dict[str, Any] | None) -> dict[str, Any]:
-    module_name, input_names, _ = STEPS[step]
-    check_call(step, inputs, options)
-    module = importlib.import_module(module_name)
-    start = time.perf_counter()
-    manifest = module.run(cfg, store, *(inputs[n] for n in input_names),
-                          **{k: v for k, v in (options or {}).items() if v is not None})
-    return step_record(step, store, manifest, time.perf_counter() - start)
 
 
 def run_step_reporting(step: str, config: str, overrides: list[str] | None, store_uri: str | None,

@@ -31,7 +31,7 @@ from typing import Any
 
 from steps import progress
 from steps.processes import forwarding_signals
-from steps.registry import STEPS
+from steps.registry import STEPS, check_call
 
 #: the code the flow runs: first on the child's path, so `python -m steps.<step>` is the same code (the child
 #: keeps our working directory, so relative store and config paths mean the same there)
@@ -44,17 +44,6 @@ TAIL_LINES = 40
 
 class StepProcessFailed(RuntimeError):
     """`python -m steps.<step>` ended without a record (a crash, a usage error, a signal)."""
-
-
-def check_call(step: str, inputs: Mapping[str, str], options: Mapping[str, Any] | None) -> None:
-    """A step call names every artifact id the step's run() takes and only options it accepts."""
-    spec = STEPS[step]
-    missing = [n for n in spec.inputs if n not in inputs]
-    if missing:
-        raise ValueError(f"step {step!r} needs artifact ids {list(spec.inputs)}; missing {missing}")
-    unknown = sorted(set(options or {}) - set(spec.option_names))
-    if unknown:
-        raise ValueError(f"step {step!r} takes options {list(spec.option_names)}; got unknown {unknown}")
 
 
 def step_argv(step: str, config: str, overrides: list[str] | None, store_uri: str | None,

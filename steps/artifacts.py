@@ -111,6 +111,15 @@ def load_tokenizer(store: Store, target_id: str) -> Any:
                                          trust_remote_code=bool(m.meta.get("trust_remote_code")))
 
 
+def inference_device() -> str:
+    """Where a step runs the target for decoding (datagen, verify): the first GPU when there is one.
+
+    Decoding stays in float32 there too (the default of `load_target`): a 135M-1B target at batch 1 is
+    bound by kernel launches, not arithmetic, and float32 keeps verify's speculative == plain greedy check
+    free of bf16 near-ties between a one-token and a (k+1)-token forward."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def load_target(store: Store, target_id: str, *, device: str = "cpu",
                 dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer); safetensors only, remote code only if the config allowed it."""

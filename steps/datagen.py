@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from steps import progress
-from steps.artifacts import conversations_path, load_target, load_tokenizer
+from steps.artifacts import conversations_path, inference_device, load_target, load_tokenizer
 from steps.config import DatagenConfig, PipelineConfig
 from steps.decode import cpu_threads, decode, torch_threads
 from steps.prompts import load_prompts, source_files_sha256
@@ -127,7 +127,7 @@ def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_p
     digest = hashlib.sha256(canonical_json(prompts).encode()).hexdigest()
     # Where a server lives is not what the dataset is (and a URL may carry credentials): never in the id.
     datagen = cfg.datagen.model_dump(mode="json", exclude={"server_url"})
-    if cfg.datagen.temperature == 0:
+    if cfg.datagen.temperature == 0 and cfg.datagen.samples_per_prompt == 1:
         # Greedy answers do not depend on how requests are batched or where they are served from
         # (the target artifact is an input of the id), so these knobs do not change the dataset.
         for knob in PERFORMANCE_KNOBS:
@@ -154,12 +154,13 @@ def stop_token_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
 
 
 def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: DatagenConfig,
-                   seed: int) -> list[dict[str, Any]]:
+                   seed: int, temperature: float | None = None) -> list[dict[str, Any]]:
     """Greedy (or seeded sampled) batched decoding: `steps.decode.decode`, finished rows leave the batch."""
     stops = stop_token_ids(tokenizer, model.config)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    generator = torch.Generator().manual_seed(seed) if dg.temperature > 0 else None
-    answers = decode(model, batch, dg.max_new_tokens, stops, pad, temperature=dg.temperature, generator=generator)
+    temperature = dg.temperature if temperature is None else temperature
+    generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
+    answers = decode(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature, generator=generator)
     return [{"text": tokenizer.decode(a.tokens, skip_special_tokens=True), "finished": a.finished,
              "tokens": len(a.tokens) + a.finished, "error": None} for a in answers]
 
@@ -187,9 +188,10 @@ def served_model_name(server_url: str, fallback: str) -> str:
 
 def _openai_one(url: str, model: str, prompt: dict[str, Any], dg: DatagenConfig, seed: int) -> dict[str, Any]:
     """One chat completion, tried up to 1 + dg.retries times with doubling waits; an error result after that."""
-    payload = {"model": model, "messages": prompt["messages"], "temperature": dg.temperature,
+    temperature = prompt.get("temperature", dg.temperature)
+    payload = {"model": model, "messages": prompt["messages"], "temperature": temperature,
                "max_tokens": dg.max_new_tokens}
-    if dg.temperature > 0:
+    if temperature > 0:
         payload["seed"] = seed
     for attempt in range(dg.retries + 1):
         try:
@@ -231,12 +233,17 @@ def answer_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfi
     t0 = time.perf_counter()
     if dg.backend == "local":
         todo.sort(key=lambda i: len(prompt_ids[i]))  # similar lengths share a batch: less padding
+        # one batch decodes at one temperature: the extra samples (`samples_per_prompt`) are batched apart
+        temps = {i: prompts[i].get("temperature", dg.temperature) for i in todo}
         # threads are picked per chunk: the load of a shared machine changes during a long run
         with torch_threads(cpu_threads()):
-            for b in range(0, len(todo), dg.batch_size):
-                idx = todo[b:b + dg.batch_size]
-                answers = generate_local(model, tokenizer, [prompt_ids[i] for i in idx], dg, seed + b)
-                results.update(zip(idx, answers, strict=True))
+            for g, temp in enumerate(sorted(set(temps.values()))):
+                group = [i for i in todo if temps[i] == temp]
+                for b in range(0, len(group), dg.batch_size):
+                    idx = group[b:b + dg.batch_size]
+                    answers = generate_local(model, tokenizer, [prompt_ids[i] for i in idx], dg,
+                                             seed + 100_003 * g + b, temperature=temp)
+                    results.update(zip(idx, answers, strict=True))
     elif todo:
         results.update(zip(todo, generate_openai([prompts[i] for i in todo], dg, served_name, seed), strict=True))
     stats["gen_s"] = time.perf_counter() - t0
@@ -316,18 +323,28 @@ def _chunk(writer: Any, rel: str, chunk: list[dict[str, Any]], tokenizer: Any, c
     return {**stats, "missing": missing} if missing else stats
 
 
-def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int = CHUNK_PROMPTS) -> Manifest:
+def with_samples(prompts: list[dict[str, Any]], dg: DatagenConfig) -> list[dict[str, Any]]:
+    """Each prompt, then its `samples_per_prompt - 1` extra samples (id `<id>~<k>`, at `sample_temperature`)."""
+    extra = [{**p, "id": f"{p['id']}~{k}", "temperature": dg.sample_temperature}
+             for k in range(1, dg.samples_per_prompt) for p in prompts]
+    return prompts + extra
+
+
+def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int | None = None) -> Manifest:
     """Regenerate the assistant turns of cfg.dataset's prompts with the target (resumable).
 
     Every prompt gets an answer or the step fails: requests are retried (`datagen.retries`), and the
     prompts that still failed are named in a MissingAnswers error; the next run asks only for them.
     """
-    prompts = load_prompts(cfg.dataset, cfg.seed)
+    prompts = with_samples(load_prompts(cfg.dataset, cfg.seed), cfg.datagen)
+    # a chunk holds at least one full batch (a GPU decodes hundreds of rows at once)
+    chunk_prompts = chunk_prompts or max(CHUNK_PROMPTS, cfg.datagen.batch_size)
     did = artifact_id("dataset", dataset_identity(cfg, prompts, chunk_prompts), {"target": target_id})
     if store.exists("dataset", did):
         return store.manifest("dataset", did)
     local = cfg.datagen.backend == "local"
-    model, tokenizer = load_target(store, target_id) if local else (None, load_tokenizer(store, target_id))
+    model, tokenizer = (load_target(store, target_id, device=inference_device()) if local
+                        else (None, load_tokenizer(store, target_id)))
     served = "" if local else served_model_name(str(cfg.datagen.server_url), cfg.target.display_name)
     writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id},
                          config=dataset_identity(cfg, prompts, chunk_prompts))
@@ -361,6 +378,6 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["run", "main", "tokenize_conversation", "answer_chunk", "generate_chunk", "generate_local",
+__all__ = ["run", "main", "tokenize_conversation", "answer_chunk", "generate_chunk", "generate_local", "with_samples",
            "MissingAnswers",
            "generate_openai", "stop_token_ids", "dataset_identity"]

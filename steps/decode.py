@@ -75,9 +75,10 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
     The batch is left padded; each finished row is removed from the batch and its KV cache.
     """
     stop_set = set(stops)
+    device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache, kw = DynamicCache(), cache_kwarg(model)
     answers = [Answer([], False) for _ in prompts]
@@ -87,8 +88,8 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
     next_pos = pos[:, -1:] + 1
     for step in range(max_new_tokens):
         if temperature > 0:
-            probs = torch.softmax(logits.float() / temperature, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()   # the seeded generator is the CPU's
+            tok = torch.multinomial(probs, 1, generator=generator)[:, 0].to(device)
         else:
             tok = logits.argmax(dim=-1)
         keep = []
@@ -102,7 +103,7 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
         if not keep or step == max_new_tokens - 1:
             break
         if len(keep) < len(alive):
-            rows = torch.tensor(keep)
+            rows = torch.tensor(keep, device=device)
             cache.batch_select_indices(rows)
             mask, tok, next_pos = mask[rows], tok[rows], next_pos[rows]
             alive = [alive[r] for r in keep]

@@ -44,6 +44,10 @@ def flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
         return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention)
+    # One memory layout for every call: dynamo guards on strides, and the pipeline's batches alternate
+    # between a transposed view and a concatenated K/V, which recompiled until the limit (8) and then ran
+    # unfused (an H200 run of real batches: 21k tok/s against 81k at fixed shapes, benchmarks/README.md).
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
@@ -93,16 +97,19 @@ class DraftCache:
 
 
 def compiled_on_gpu(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """`fn` compiled (dynamic shapes) when its first argument is on a GPU, as written elsewhere.
+    """`fn` compiled (dynamic shapes) when its first argument is on a GPU and gradients are on (training),
+    as written elsewhere.
 
     For the elementwise chains of the layer (fp32 norms, RoPE, SiLU·up): eager, each is 5-10 small
-    kernels, and at 8B shapes their launches and memory passes were a third of a training step."""
+    kernels, and at 8B shapes their launches and memory passes were a third of a training step. Decoding
+    (verify's engine, batch 1, one to k+1 positions a call) stays eager: its shapes change every call and
+    recompiled until dynamo's limit, seconds each, for kernels that are launch-bound anyway."""
     compiled = None
 
     @functools.wraps(fn)
     def call(*args: Any) -> Tensor:
         nonlocal compiled
-        if not args[0].is_cuda:
+        if not args[0].is_cuda or not torch.is_grad_enabled():
             return fn(*args)
         if compiled is None:
             compiled = torch.compile(fn, dynamic=True)

@@ -60,12 +60,18 @@ class Engine:
             raise ValueError(f"num_steps={num_steps}: chain drafting needs at least one step")
         if algorithm == "EAGLE" and draft is not None:
             draft = served_as_eagle(draft, target)
+        self.device = next(target.parameters()).device          # the draft runs beside the target
+        if isinstance(draft, torch.nn.Module):
+            draft = draft.to(self.device)
         self.target, self.tokenizer, self.draft = target.eval(), tokenizer, draft
         self.layer_ids, self.k, self.algorithm = list(layer_ids), num_steps, algorithm
         self._cache_kw = cache_kwarg(target)
 
     def _target(self, ids: list[int], cache: DynamicCache, **kw):
-        return self.target(input_ids=torch.tensor([ids]), use_cache=True, **{self._cache_kw: cache}, **kw)
+        return self.target(input_ids=self._ids([ids]), use_cache=True, **{self._cache_kw: cache}, **kw)
+
+    def _ids(self, rows: list[list[int]]) -> Tensor:
+        return torch.tensor(rows, device=self.device)
 
     # --- the target: one forward over new tokens, returning argmax ids and features ------------------
 
@@ -88,13 +94,13 @@ class Engine:
         """Draft k tokens (target ids) after x[n]; leaves the draft cache at n real positions."""
         m, n = len(s.draft_cache), s.n
         # real feed: position p gets token x[p+1] and feature f[p], for p = m..n-1
-        ids = torch.tensor([s.x[m + 1:n + 1]])
-        pos = torch.arange(m, n)[None]
+        ids = self._ids([s.x[m + 1:n + 1]])
+        pos = torch.arange(m, n, device=self.device)[None]
         logits, h = self.draft(ids, s.feats[None], pos, cache=s.draft_cache)
         drafts, h = [self._to_target(logits[0, -1])], h[:, -1:]
         # chain step j: position n-1+j gets d_j and the draft's own previous out_hidden (no fc)
         for j in range(1, self.k):
-            logits, h = self.draft(torch.tensor([[drafts[-1]]]), h, torch.tensor([[n - 1 + j]]),
+            logits, h = self.draft(self._ids([[drafts[-1]]]), h, self._ids([[n - 1 + j]]),
                                    cache=s.draft_cache)
             drafts.append(self._to_target(logits[0, -1]))
         s.draft_cache.crop(n)                                    # chain keys are never real
@@ -116,7 +122,7 @@ class Engine:
         d = self.draft_chain(s)
         # verify [x[n], d_1..d_k] at positions n..n+k in one target forward
         t, g = self.target_forward([s.x[n]] + d, s.target_cache)
-        a = int(accepted_prefix(torch.tensor(d) == t[:self.k]))
+        a = int(accepted_prefix(self._ids(d) == t[:self.k]))
         new = d[:a] + [int(t[a])]
         # keep the target's cache for x[n], d_1..d_a; their features feed the draft next round
         _crop(s.target_cache, n + a + 1)

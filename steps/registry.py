@@ -303,6 +303,48 @@ def record(step: str, store: Any, manifest: Any, seconds: float) -> dict[str, An
             "metrics": manifest.metrics, "meta": manifest.meta}
 
 
+# --- in-process calls (flows, benchmarks): a step's run() with its inputs by name -------------------------
+
+def open_config(config: str, overrides: list[str] | None, store_uri: str | None) -> tuple[Any, Any]:
+    """(the config, the store it names or `store_uri` overrides)."""
+    from steps.config import find_config, load_config
+    from steps.store import open_store, store_uri_for
+
+    cfg = load_config(find_config(config), overrides)
+    return cfg, open_store(store_uri_for(store_uri, cfg.store))
+
+
+def call_step(step: str, cfg: Any, store: Any, inputs: dict[str, str],
+              options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`steps.<step>.run(cfg, store, *inputs, **options)` -> its record (id, uri, seconds, metrics, meta)."""
+    row = STEPS[step]
+    check_call(step, inputs, options)
+    module = importlib.import_module(row.module)
+    start = time.perf_counter()
+    manifest = module.run(cfg, store, *(inputs[n] for n in row.inputs),
+                          **{k: v for k, v in (options or {}).items() if v is not None})
+    return record(step, store, manifest, time.perf_counter() - start)
+
+
+def check_call(step: str, inputs: dict[str, str], options: dict[str, Any] | None) -> None:
+    """A step call names every artifact id the step's run() takes and only options it accepts (in-process
+    here, or as a process: flows/step_process.py)."""
+    row = STEPS[step]
+    missing = [n for n in row.inputs if n not in inputs]
+    if missing:
+        raise ValueError(f"step {step!r} needs artifact ids {list(row.inputs)}; missing {missing}")
+    unknown = sorted(set(options or {}) - set(row.option_names))
+    if unknown:
+        raise ValueError(f"step {step!r} takes options {list(row.option_names)}; got unknown {unknown}")
+
+
+def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
+             inputs: dict[str, str], options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load the config, open the store, call the step (no Prefect: benchmarks run this on the GPU machine)."""
+    cfg, store = open_config(config, overrides, store_uri)
+    return call_step(step, cfg, store, inputs, options)
+
+
 def step_main(name: str, argv: list[str] | None = None) -> int:
     """The CLI of step `name`; returns the exit code (0, 1 for a gate that refuses, 2 for a usage error)."""
     step = STEPS[name]
@@ -323,5 +365,5 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["DEFAULT_CONFIG", "Option", "Step", "STEPS", "TOOLS", "add_common_args", "parser_for", "record",
-           "step_main", "version", "UsageError"]
+__all__ = ["DEFAULT_CONFIG", "Option", "Step", "STEPS", "TOOLS", "add_common_args", "call_step", "check_call",
+           "open_config", "parser_for", "record", "run_step", "step_main", "version", "UsageError"]

@@ -129,6 +129,7 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
         # with the head copied too, the draft starts as the target's own head over its output
         with torch.no_grad():
             model.norm.weight.copy_(head["norm.weight"])
+    model.lm_head.weight.requires_grad_(not cfg.train.freeze_lm_head)     # the optimizer takes what trains
     budget = cfg.train.cache_budget or cfg.extract.disk_budget_bytes
     reader = ShardReader(store, hidden, int(budget))
     lengths = {rel: reader.lengths(rel) for rel in shard_paths(hidden)}

@@ -21,7 +21,7 @@ import json
 import time
 from typing import Any
 
-from steps.artifacts import export_dir, load_target
+from steps.artifacts import export_dir, inference_device, load_target
 from steps.config import PipelineConfig, config_dict
 from steps.engine import Engine
 from steps.formats.sglang import sglang_layer_ids
@@ -84,7 +84,7 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
     if store.exists("verify", verify_id):
         return store.manifest("verify", verify_id)
     sglang_dir = export_dir(store, export_id, "sglang")       # a vLLM-only export: refused before any loading
-    target, tokenizer = load_target(store, target_id)
+    target, tokenizer = load_target(store, target_id, device=inference_device())
     draft, load_report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
     engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir),
                     num_steps=cfg.verify.num_steps)

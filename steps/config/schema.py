@@ -148,6 +148,11 @@ class DatagenConfig(Section):
     #: 0 = greedy, the mode the drafter is served in (largest single lever on acceptance).
     temperature: NonNegative = 0.0
     batch_size: Count = 8
+    #: answers per prompt: the first at `temperature`, the others sampled at `sample_temperature` (seeded).
+    #: More of the target's own text for the same prompts: the draft learns the target's distribution at
+    #: each position of that text, so sampled answers are valid training contexts (data is what limits τ).
+    samples_per_prompt: Count = 1
+    sample_temperature: Positive = 0.8
     #: prompts longer than this (tokens) are skipped and counted.
     max_prompt_tokens: Count = 1024
     #: `openai`: tries after a failed request (5xx, 408, 429, connection errors, malformed replies),
@@ -261,11 +266,20 @@ class TrainConfig(Section):
     #: from the target's final norm (both still trained). Measured in benchmarks/README.md.
     init_lm_head: bool = True
     init_norm: bool = True
+    #: keep the head at the target's rows (as speculators does): only fc, the layer and the norm learn.
+    freeze_lm_head: bool = False
 
     @field_validator("cache_budget")
     @classmethod
     def _size(cls, v: int | str | None) -> int | None:
         return None if v is None else parse_size(v)
+
+    @model_validator(mode="after")
+    def _frozen_head_is_the_targets(self) -> TrainConfig:
+        if self.freeze_lm_head and not self.init_lm_head:
+            raise ValueError("train.freeze_lm_head freezes the head at the target's rows: it needs "
+                             "train.init_lm_head: true (a frozen random head never learns)")
+        return self
 
     @model_validator(mode="after")
     def _eval_split(self) -> TrainConfig:

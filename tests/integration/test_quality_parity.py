@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.quality_parity import DEFAULT_VENV, ROOT, run_parity, speculators_batch
+from benchmarks import tau_curve
+from benchmarks.quality_parity import DEFAULT_VENV, ROOT, speculators_batch
 from steps.training.plan import Batch
 
 pytestmark = pytest.mark.slow
@@ -43,20 +44,33 @@ def test_speculators_batches_are_shifted_as_its_shift_batch_and_packed_by_docume
     assert out["document_ids"].tolist() == [[0, 0, 1, 2, 2, 2]]
 
 
-def test_the_harness_trains_both_drafts_on_the_tiny_target_and_measures_both(tmp_path, monkeypatch):
+def test_the_curve_and_the_harness_train_both_drafts_on_the_tiny_target_and_measure_both(tmp_path, monkeypatch):
+    """benchmarks/tau_curve.py on one point (target → verify), then the parity harness on that point's data."""
     venv = _venv()
     monkeypatch.setenv("EAGLENEST_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "parity"
-    result = run_parity("tiny", ["train.max_steps=4", "verify.num_prompts=2", "verify.max_new_tokens=16"],
-                        f"file://{tmp_path / 'store'}", out, venv)
+    out = tmp_path / "curve"
+    common = ["--set", "train.max_steps=4", "--set", "verify.num_prompts=2", "--set", "verify.max_new_tokens=16"]
+    assert tau_curve.main(["--config", "tiny", "--store", f"file://{tmp_path / 'store'}", "--out", str(out),
+                           *common, "--point", "p=", "--parity", "p", "--venv", str(venv)]) == 0
+    (row,) = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()]
+    assert row["point"] == "p" and row["answers"] > 0 and row["answer_tokens"] > 0
+    assert 1.0 <= row["tau"] <= 5.0 and row["mismatches"] == 0 and row["storage_dtype"] == "bfloat16"
+    assert set(row["ids"]) == {"target", "dataset", "hidden", "vocab", "draft", "export", "verify"}
+    assert "| p |" in (out / "curve.md").read_text()
+
+    parity = out / "parity-p"
+    result = json.loads((parity / "parity.json").read_text())
+    assert result["inputs"]["hidden"] == row["ids"]["hidden"]            # the curve point's data, reused
     ours, theirs = result["rows"]["eaglenest"], result["rows"]["speculators 0.9.0"]
-    for row in (ours, theirs):
-        assert 1.0 <= row["tau"] <= 5.0 and len(row["per_position_acceptance"]) == 4
-        assert row["dropped_keys"] == [] and row["missing_params"] == []    # every weight loaded
-        assert row["mismatches"] == 0 and row["train_s"] > 0
-    assert theirs["steps"] == ours["steps"] and theirs["tokens_trained"] > 0
-    raw = json.loads((out / "speculators-draft" / "config.json").read_text())
+    for r in (ours, theirs):
+        assert 1.0 <= r["tau"] <= 5.0 and len(r["per_position_acceptance"]) == 4
+        assert r["dropped_keys"] == [] and r["missing_params"] == []    # every weight loaded
+        assert r["mismatches"] == 0 and r["train_s"] > 0
+    assert theirs["steps"] == ours["steps"] == 4 and theirs["tokens_trained"] > 0
+    # the batches were streamed: each one read by speculators' trainer was removed, none is left behind
+    assert not list((parity / "speculators-batches").glob("step-*.safetensors"))
+    raw = json.loads((parity / "speculators-draft" / "config.json").read_text())
     assert raw["speculators_model_type"] == "eagle3"                        # its own format, converted by us
-    assert json.loads((out / "speculators-sglang" / "config.json").read_text())["architectures"] == \
+    assert json.loads((parity / "speculators-sglang" / "config.json").read_text())["architectures"] == \
         ["LlamaForCausalLMEagle3"]
-    assert "| speculators 0.9.0 |" in (out / "parity.md").read_text()
+    assert "| speculators 0.9.0 |" in (parity / "parity.md").read_text()

@@ -130,6 +130,34 @@ def test_datagen_is_greedy_deterministic_and_reused(tiny, clean_run):
     assert row["messages"][-1]["content"] == alone  # batched + padded == one at a time
 
 
+def test_extra_samples_are_seeded_samples_beside_the_greedy_answer(tiny, clean_run):
+    """`samples_per_prompt: 3`: the greedy answer (the same as a plain run's) plus two seeded samples per
+    prompt, ids `<id>~<k>`; a different dataset id; the same answers when run again."""
+    store, tid, path, greedy = clean_run
+    cfg = cfg_for(path, "datagen.samples_per_prompt=3", "datagen.sample_temperature=1.5")
+    m = D.run(cfg, store, tid, chunk_prompts=CHUNK)
+    assert m.id != greedy.id and m.metrics["prompts"] == 3 * len(PROMPTS)
+    rows = {r["id"]: r for r in artifacts.read_conversations(store, m.id)}
+    plain = {r["id"]: r for r in artifacts.read_conversations(store, greedy.id)}
+    assert {i for i in rows if "~" not in i} == set(plain)
+    assert all(rows[i]["messages"] == plain[i]["messages"] for i in plain)      # the first answer is greedy
+    extra = {i for i in rows if "~" in i}
+    assert extra and {i.split("~")[1] for i in extra} <= {"1", "2"}
+    assert all(rows[i]["messages"][:-1] == plain[i.split("~")[0]]["messages"][:-1] for i in extra
+               if i.split("~")[0] in plain)
+    # sampled at a high temperature, the tiny target's answers differ from its greedy ones
+    differ = sum(rows[i]["messages"][-1] != plain[i.split("~")[0]]["messages"][-1] for i in extra
+                 if i.split("~")[0] in plain)
+    assert differ >= len(extra) // 2
+    # seeded: a fresh computation (new store) gives the same samples
+    again = open_store(f"file://{path.parent / 'again'}")
+    import shutil
+    shutil.copytree(artifacts.target_dir(store, tid), again.backend.local_path(again.key("target", tid)))
+    m2 = D.run(cfg, again, tid, chunk_prompts=CHUNK)
+    assert m2.id == m.id and [r["messages"] for r in artifacts.read_conversations(again, m2.id)] == \
+        [r["messages"] for r in artifacts.read_conversations(store, m.id)]
+
+
 def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
     _, tid, path, clean = clean_run
     store = open_store(f"file://{tmp_path / 'store'}")

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from flows import reuse
-from flows.step_flows import run_step
 from steps.config import find_config, load_config
+from steps.registry import run_step
 from steps.store import open_store
 
 OVERRIDES = ["target.tiny.pretrain_steps=2"]

@@ -223,6 +223,26 @@ def test_lr_warms_up_then_decays_to_min_ratio():
     assert lr_at(50, 100, **kw) < lr_at(20, 100, **kw)
 
 
+def test_a_frozen_head_stays_the_targets_rows_while_the_layer_learns(source, tmp_path):
+    """train.freeze_lm_head (speculators' recipe): the exported head is exactly the target's rows of the
+    draft vocab, the layer and fc still train; without init_lm_head the config is refused."""
+    from steps.artifacts import target_dir
+
+    store, ids = fresh_store(source, tmp_path)
+    m = run(config(epochs=2, freeze_lm_head=True), store, **ids)
+    weights = load_file(str(store.fetch_file("draft", m.id, "model.safetensors")))
+    tdir = target_dir(store, ids["target_id"])
+    head = read_target_head(tdir, json.loads((tdir / "config.json").read_text()))["lm_head.weight"]
+    d2t = weights["d2t"]
+    assert torch.equal(weights["lm_head.weight"], head[d2t + torch.arange(len(d2t))].float())
+    trained = run(config(epochs=2), store, **ids)                     # the same run with the head trained
+    other = load_file(str(store.fetch_file("draft", trained.id, "model.safetensors")))
+    assert not torch.equal(other["lm_head.weight"], weights["lm_head.weight"])
+    assert not torch.equal(other["fc.weight"], weights["fc.weight"])     # both trained fc, differently
+    with pytest.raises(ValueError, match="init_lm_head"):
+        config(freeze_lm_head=True, init_lm_head=False)
+
+
 def test_target_head_handles_tied_and_untied_embeddings(tmp_path):
     tiny_target(tmp_path / "tied", tied=True)
     untied = tiny_target(tmp_path / "untied", tied=False)

@@ -1,0 +1,140 @@
+"""τ against the amount of training data (issue 12, item 6): for each point, the pipeline from the target to
+verify on one store, then one table of held-out MT-bench τ and in-distribution τ against answers and tokens.
+
+    python benchmarks/tau_curve.py --config smollm2-135m --store file://out/curve-store --out out/curve \\
+        --set datagen.batch_size=256 ... \\
+        --point 2.7k= --point 2.7k-fp8=extract.storage_dtype=float8_e4m3fn \\
+        --point 0.7k=dataset.max_prompts=672 --point 10.7k=datagen.samples_per_prompt=4 \\
+        [--parity 10.7k --venv .venv-speculators]
+
+A point is NAME=OVERRIDE[,OVERRIDE...] on top of the common `--set`s. Points run in the order given; every
+step's artifact is reused by id, so a run cut short (a device call's time limit) resumes where it stopped,
+and a point already in OUT/curve.jsonl with the same overrides is not measured again. `--parity NAME` then
+runs benchmarks/quality_parity.py's harness on that point's data (speculators 0.9.0 vs eaglenest, same
+batches). Writes OUT/curve.jsonl (a row per point), OUT/curve.md and, with --parity, OUT/parity-NAME/.
+Imports no Prefect: it runs as plain steps on the GPU machine (`steps.registry.run_step`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: the chain of one point, each step with the artifact ids it takes (by the names run_step expects)
+CHAIN = (("target", ()), ("datagen", ("target",)), ("extract", ("target", "dataset")),
+         ("mapping", ("dataset", "target")), ("train", ("target", "hidden", "vocab")),
+         ("export", ("draft", "target")), ("verify", ("export", "target")))
+#: the artifact kind each step writes (the name later steps take it by)
+OUTPUT = {"target": "target", "datagen": "dataset", "extract": "hidden", "mapping": "vocab", "train": "draft",
+          "export": "export", "verify": "verify"}
+
+
+def parse_point(text: str) -> tuple[str, list[str]]:
+    name, _, overrides = text.partition("=")
+    if not name:
+        raise SystemExit(f"--point {text!r}: expected NAME=OVERRIDE[,OVERRIDE...] (overrides may be empty)")
+    return name, [o for o in overrides.split(",") if o]
+
+
+def run_point(config: str, overrides: list[str], store_uri: str) -> dict[str, Any]:
+    """The chain target → verify for one point -> each step's record (artifacts reused by id)."""
+    from steps.registry import run_step
+
+    ids: dict[str, str] = {}
+    records: dict[str, dict[str, Any]] = {}
+    for step, needs in CHAIN:
+        t0 = time.perf_counter()
+        rec = run_step(step, config, overrides, store_uri, {n: ids[n] for n in needs})
+        print(f"  {step}: {rec['id']} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        ids[OUTPUT[step]] = rec["id"]
+        records[step] = rec
+    return records
+
+
+def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One table row: how much data the point had, what training and verify measured."""
+    data, hidden, train, verify = (records[s]["metrics"] for s in ("datagen", "extract", "train", "verify"))
+    return {"point": name, "overrides": overrides, "answers": data["ok"], "prompts": data["prompts"],
+            "answer_tokens": data["assistant_tokens"], "generated_tokens_per_s": data["tokens_per_s"],
+            "datagen_s": data["gen_s"], "hidden_bytes": hidden.get("bytes"),
+            "storage_dtype": records["extract"]["meta"].get("storage_dtype"),
+            "train_tokens": train.get("tokens"), "train_s": train.get("train_s"), "tau_sim": train.get("tau_sim"),
+            "tau": verify["tau"], "per_position_acceptance": verify["per_position_acceptance"],
+            "tau_in_distribution": verify.get("tau_in_distribution"),
+            "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
+            "verify_prompts": verify["prompts"], "mismatches": verify["mismatches"],
+            "ids": {OUTPUT[s]: r["id"] for s, r in records.items()},
+            "seconds": {s: r["seconds"] for s, r in records.items()}}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    def pos(values: list[float] | None) -> str:
+        return " / ".join(f"{v:.2f}" for v in values) if values else "–"
+
+    head = ("| point | answers | answer tokens | storage | τ MT-bench | per position | τ in-distribution | "
+            "per position | τ_sim | train s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    return head + "\n".join(
+        f"| {r['point']} | {r['answers']} | {r['answer_tokens']} | {r['storage_dtype']} | {r['tau']:.3f} | "
+        f"{pos(r['per_position_acceptance'])} | "
+        f"{r['tau_in_distribution'] if r['tau_in_distribution'] is None else format(r['tau_in_distribution'], '.3f')}"
+        f" | {pos(r['per_position_acceptance_in_distribution'])} | "
+        f"{'–' if r['tau_sim'] is None else format(r['tau_sim'], '.3f')} | {r['train_s'] or 0:.1f} |"
+        for r in rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="smollm2-135m")
+    ap.add_argument("--store", default="file://out/curve-store")
+    ap.add_argument("--out", type=Path, default=Path("out/curve"))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    ap.add_argument("--point", dest="points", action="append", default=[], metavar="NAME=OVERRIDES")
+    ap.add_argument("--parity", metavar="NAME", help="run the parity harness on this point's data last")
+    ap.add_argument("--venv", type=Path, default=None,
+                    help="speculators' venv or interpreter (default: quality_parity's .venv-speculators)")
+    args = ap.parse_args(argv)
+    import torch
+
+    points = [parse_point(p) for p in args.points] or [("default", [])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "curve.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    machine = (torch.cuda.get_device_name(0) if torch.cuda.is_available() else
+               f"{platform.machine()} CPU, {os.cpu_count()} cores")
+    for name, extra in points:
+        overrides = args.overrides + extra
+        if any(r["point"] == name and r["overrides"] == overrides for r in rows):
+            print(f"{name}: measured already ({log})", flush=True)
+            continue
+        print(f"{name}: {' '.join(overrides) or '(config as is)'}", flush=True)
+        row = row_for(name, overrides, run_point(args.config, overrides, args.store))
+        row |= {"config": args.config, "machine": machine, "date": datetime.now(UTC).strftime("%Y-%m-%d")}
+        rows.append(row)
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        (args.out / "curve.md").write_text(table(rows))
+        print(table(rows), flush=True)
+    if args.parity:
+        from benchmarks.quality_parity import DEFAULT_VENV, run_parity
+        from benchmarks.quality_parity import table as parity_table
+
+        extra = dict(points)[args.parity]
+        result = run_parity(args.config, args.overrides + extra, args.store, args.out / f"parity-{args.parity}",
+                            args.venv or DEFAULT_VENV)
+        print(parity_table(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
