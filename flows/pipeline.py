@@ -2,12 +2,13 @@
 
     target ─► datagen ─► extract ─► mapping ─► train ─► export ─► verify ─► serve ─► benchmark ─► gate
 
-`mode="local"` runs each step in this process; `mode="deployments"` starts each step as its own
-deployment (`<step>/<step>-<pool>`, its own container on the pool of its hardware class on a cluster) with
-`run_deployment`. Either way each step call is a task with a persisted result and a cache policy
-scoped to this flow run, so retrying a failed run re-runs only the failed step and those after it;
-the earlier ones show as Cached. Prefect does not fail a parent when a child run fails: `call_step`
-raises for it.
+`mode="local"` runs each step in this process; `mode="deployments"` gives each step its own flow run:
+on a cluster (`pool` docker / k8s) the deployment `<step>/<step>-<pool>`, its own container on the pool
+of its hardware class, started with `run_deployment`; on the local process pool a subflow of this run
+whose step runs as its own `python -m steps.<step>` process (`flows/step_process.py`). Either way each
+step call is a task with a persisted result and a cache policy scoped to this flow run, so retrying a
+failed run re-runs only the failed step and those after it; the earlier ones show as Cached. Prefect
+does not fail a parent when a child run fails: `call_step` raises for it.
 
 After the benchmark the gate decides. Promote → move `production` inside a transaction
 (`flows/gate.py`); the run ends Completed, named `Promoted`. A challenger that is not better ends
@@ -21,10 +22,13 @@ the verdict, τ, speedup and where the export is.
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Callable
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE
+from prefect.context import TaskRunContext
 from prefect.deployments import run_deployment
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Completed, Failed, State
@@ -32,15 +36,20 @@ from prefect.states import Completed, Failed, State
 from flows import ui
 from flows.gate import current_flow_run_id, promote_in_transaction
 from flows.reuse import remember, resolve
-from flows.step_flows import STEPS, run_step_reporting
+from flows.step_flows import STEPS, flow_of, run_step_reporting
+from flows.step_process import warm_up
 from steps.config import PipelineConfig, find_config, load_config
 from steps.store import open_store, store_uri_for
 
 __all__ = ["STEPS", "StepRunFailed", "eagle3_pipeline", "call_step"]
 
 
+#: the process pool of one machine (deploy/prefect.yaml `local`): its steps run as subflows of the pipeline
+LOCAL_POOL = "local"
+
+
 class StepRunFailed(RuntimeError):
-    """A step's deployment run ended in a state other than Completed."""
+    """A step's own flow run (a deployment run or a subflow) ended in a state other than Completed."""
 
 
 @task(name="step", task_run_name="{label}", persist_result=True, cache_policy=INPUTS + TASK_SOURCE + RUN_ID)
@@ -70,15 +79,31 @@ def _run_call(step: str, config: str, overrides: list[str], store: str | None, i
               options: dict[str, Any], mode: str, pool: str) -> dict[str, Any]:
     if mode == "local":
         return run_step_reporting(step, config, overrides, store, inputs, options)
-    name = f"{step}/{step}-{pool}"   # deploy/prefect.yaml: `<step>-<local|docker|k8s>` under each step flow
-    # poll the child every second (the default 5 s is up to 5 s lost per step)
-    child = run_deployment(name, parameters={"config": config, "overrides": overrides, "store": store,
-                                             "inputs": inputs, "options": options}, poll_interval=1)
-    if not child.state or not child.state.is_completed():
-        state = child.state.type.value if child.state else "unknown"
-        raise StepRunFailed(f"{name}: flow run {child.name} ended {state}: "
-                            f"{child.state.message if child.state else ''}")
-    return child.state.result()
+    parameters = {"config": config, "overrides": overrides, "store": store, "inputs": inputs, "options": options}
+    if pool == LOCAL_POOL:
+        # a subflow of this run (its own run in the UI graph) whose step is a child process: no worker
+        # pick-up and no second Prefect start-up per step (benchmarks/README.md: that was most of the overhead)
+        name = f"{step} (subflow)"
+        child_state = outside_task(lambda: flow_of(step)(**parameters, isolated=True, return_state=True))
+        child_name = child_state.state_details.flow_run_id
+    else:
+        name = f"{step}/{step}-{pool}"   # deploy/prefect.yaml: `<step>-<local|docker|k8s>` under each step flow
+        # poll the child every second (the default 5 s is up to 5 s lost per step)
+        child = run_deployment(name, parameters=parameters, poll_interval=1)
+        child_state, child_name = child.state, child.name
+    if not child_state or not child_state.is_completed():
+        state = child_state.type.value if child_state else "unknown"
+        raise StepRunFailed(f"{name}: flow run {child_name} ended {state}: "
+                            f"{child_state.message if child_state else ''}")
+    return child_state.result()
+
+
+def outside_task(call: Callable[[], Any]) -> Any:
+    """`call()` without this task's run context: a subflow started inside a task still sees the task's
+    context, so Prefect would file the step's logs under the parent's task run instead of the step's run."""
+    context = contextvars.copy_context()
+    context.run(TaskRunContext.__var__.set, None)
+    return context.run(call)
 
 
 def run_name() -> str:
@@ -108,6 +133,8 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
     """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record
     (through the gate: as the data of a final state named after the verdict). `reuse=False`: every step
     as its own run even when its artifact is stored (`flows/reuse.py`)."""
+    if mode == "deployments" and pool == LOCAL_POOL:
+        warm_up()       # the first step's process imports torch while this run loads its config and store
     overrides = list(overrides or []) + dataset_overrides(dataset)
     cfg = load_config(find_config(config), overrides)
     store_uri = store_uri_for(store, cfg.store)

@@ -7,6 +7,11 @@ orchestrator (`flows/pipeline.py`) starts it with `run_deployment`. The flow ret
 the store, and the record is persisted so the parent (another process) can read it.
 
 Long steps report progress through `steps/progress.py`; here it becomes a progress artifact.
+
+On the local pool the pipeline calls these flows as subflows (no deployment run, no worker, no second
+Prefect process) with `isolated=True`: the step then runs as `python -m steps.<step>` in a child process
+(`flows/step_process.py`), so the orchestrator never imports torch and each step's memory is freed when it
+ends. A deployment run (a container, a process worker) runs the step in its own flow process.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.step_process import run_step_process
 from flows.ui import ProgressArtifacts, step_artifacts
 from steps import progress
+from steps.config import find_config
 from steps.registry import DEFAULT_CONFIG
 from steps.registry import STEPS as REGISTRY
 from steps.registry import call_step as _run
@@ -33,17 +40,23 @@ HARDWARE: dict[str, str] = {s.name: s.hardware for s in REGISTRY.values()}
 
 
 def run_step_reporting(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
-                       inputs: dict[str, str], options: dict[str, Any] | None = None) -> dict[str, Any]:
+                       inputs: dict[str, str], options: dict[str, Any] | None = None, *,
+                       isolated: bool = False) -> dict[str, Any]:
     """`run_step` with its progress shown as Prefect progress artifacts (and log lines), its result logged
     and published as the step run's own artifacts; every log line (the step's and Prefect's, sent to the API)
-    without URL credentials."""
+    without URL credentials. `isolated`: the step runs in a child process (`flows/step_process.py`)."""
     for name in ("", "prefect"):
         install_log_redaction(logging.getLogger(name))
     logger = get_run_logger()
     cfg, store = _open(config, overrides, store_uri)
     logger.info("%s: started (%s)", step, ", ".join(f"{k} {v}" for k, v in inputs.items()) or "no inputs")
-    with progress.listening(ProgressArtifacts(step, log=logger.info)):
-        record = _run(step, cfg, store, inputs, options)
+    listener = ProgressArtifacts(step, log=logger.info)
+    if isolated:
+        record = run_step_process(step, str(find_config(config).resolve()), overrides, store.uri, inputs, options,
+                                  log=logger.info, on_progress=listener)
+    else:
+        with progress.listening(listener):
+            record = _run(step, cfg, store, inputs, options)
     logger.info("%s → %s (%.1f s)", step, record["uri"], record["seconds"])
     try:
         step_artifacts(step, record, cfg.name, plot_png=_file_bytes(store, record, PLOTS.get(step)),
@@ -71,14 +84,23 @@ def _train_log(store: Any, record: dict[str, Any]) -> list[dict[str, Any]] | Non
 
 
 def _step_flow(step: str):
-    @flow(name=step, description=f"eaglenest step `eaglenest {step}`: {REGISTRY[step].help} ({HARDWARE[step]} pool)",
-          persist_result=True,
-          flow_run_name=f"{step}-{{config}}", log_prints=True)
     def step_flow(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, store: str | None = None,
-                  inputs: dict[str, str] | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
-        return run_step_reporting(step, config, overrides, store, inputs or {}, options)
+                  inputs: dict[str, str] | None = None, options: dict[str, Any] | None = None,
+                  isolated: bool = False) -> dict[str, Any]:
+        return run_step_reporting(step, config, overrides, store, inputs or {}, options, isolated=isolated)
 
-    return step_flow
+    # one function name per step: Prefect keys a subflow's run in its parent by the function's name and code,
+    # so ten flows sharing one would find each other's runs (a retried pipeline got target's record back as
+    # its benchmark's)
+    step_flow.__name__ = step_flow.__qualname__ = f"{step}_flow"
+    return flow(name=step, description=f"eaglenest step `eaglenest {step}`: {REGISTRY[step].help} "
+                                       f"({HARDWARE[step]} pool)",
+                persist_result=True, flow_run_name=f"{step}-{{config}}", log_prints=True)(step_flow)
+
+
+def flow_of(step: str) -> Any:
+    """The flow of `step` (`<step>_flow` below)."""
+    return globals()[f"{step}_flow"]
 
 
 # The Prefect entrypoints `flows/step_flows.py:<step>_flow` (deploy/prefect.yaml): Prefect runs this file and

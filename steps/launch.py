@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import shlex
+import socket
 import subprocess
 import time
 import urllib.error
@@ -70,6 +72,26 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def available_port(host: str, preferred: int) -> int:
+    """`preferred` when it can be bound on `host`, else a free port the OS picks. Two pipelines on one
+    machine share a config's serve ports; a second server on a taken port would fail to start, or worse,
+    its health check would be answered by the first pipeline's server. (A port taken between this check and
+    the server's own bind still fails that start, loudly.)"""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            # as servers do: a port whose last connections linger in TIME_WAIT is free, a listening one is not
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            chosen = sock.getsockname()[1]
+        if chosen != preferred:
+            logging.getLogger(__name__).warning("port %d on %s is taken; serving on %d", preferred, host, chosen)
+        return chosen
+    raise OSError(f"no free port on {host}: cannot bind {preferred} nor an OS-chosen one")
 
 
 def health_status(url: str, timeout_s: float = HEALTH_REQUEST_TIMEOUT_S) -> int | None:

@@ -14,11 +14,13 @@ and `Update.line()`, the plain one-line form for logs where no terminal draws th
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,37 @@ def add_listener(fn: Listener) -> None:
 def remove_listener(fn: Listener) -> None:
     if fn in _listeners:
         _listeners.remove(fn)
+
+
+# --- progress across a process boundary --------------------------------------------------------------------
+# A flow that runs a step as its own process (`python -m steps.<name>`, flows/step_process.py) sets
+# LINES_ENV; the step's CLI then writes every update to stderr as one line, PREFIX + JSON, which the flow
+# turns back into an `Update` for its own listeners. A terminal bar would be noise on that pipe (tqdm
+# draws nothing when stderr is not a terminal).
+
+LINES_ENV = "EAGLENEST_PROGRESS_LINES"
+PREFIX = "eaglenest-progress: "
+
+
+def write_line(update: Update) -> None:
+    """A listener: the update as one PREFIX + JSON line on stderr."""
+    print(PREFIX + json.dumps(asdict(update), default=str), file=sys.stderr, flush=True)
+
+
+def parse_line(line: str) -> Update | None:
+    """The update a `write_line` line carries, or None for any other line."""
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        return Update(**json.loads(line[len(PREFIX):]))
+    except (ValueError, TypeError):
+        return None
+
+
+def install_from_environment() -> None:
+    """Called by the step CLI: when an orchestrator asked for progress lines (LINES_ENV), write them."""
+    if os.environ.get(LINES_ENV) and write_line not in _listeners:
+        add_listener(write_line)
 
 
 @contextmanager

@@ -159,7 +159,8 @@ def parser_for(step: Step) -> argparse.ArgumentParser:
     for opt in (*step.options, *step.cli_args):
         if opt.cli:
             opt.add_to(parser)
-    parser.add_argument("--json", action="store_true", help="print the artifact's kind, id, uri and metrics as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the step's record as one JSON line: kind, id, uri, seconds, metrics, meta")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an expected error")
     parser.add_argument("--version", action="version", version=f"eaglenest {version()}")
     return parser
@@ -285,12 +286,21 @@ def _run(step: Step, args: argparse.Namespace) -> int:
             distributed.shutdown()
     if step.distributed and not _is_rank_zero():  # one answer per torchrun job
         return 0
-    uri = store.artifact_uri(manifest.kind, manifest.id)
+    done = record(step.name, store, manifest, time.perf_counter() - start)
     if args.json:
-        print(json.dumps({"kind": manifest.kind, "id": manifest.id, "uri": uri, "metrics": manifest.metrics}))
+        # one line: a flow running the step as a process reads it back (flows/step_process.py)
+        print(json.dumps(done, default=str), flush=True)
     else:
-        print(f"{step.name}: {manifest.kind} {manifest.id} in {time.perf_counter() - start:.1f} s → {uri}")
+        print(f"{step.name}: {manifest.kind} {manifest.id} in {done['seconds']:.1f} s → {done['uri']}")
     return int(getattr(module, step.exit_code)(manifest)) if step.exit_code else 0
+
+
+def record(step: str, store: Any, manifest: Any, seconds: float) -> dict[str, Any]:
+    """What a step run returns to whoever ran it (`--json`, the step flows): the artifact's kind, id and URI,
+    the seconds `run()` took, its metrics and meta (the gate's decision, serve's endpoint) — never a tensor."""
+    return {"step": step, "kind": manifest.kind, "id": manifest.id,
+            "uri": store.artifact_uri(manifest.kind, manifest.id), "seconds": round(seconds, 2),
+            "metrics": manifest.metrics, "meta": manifest.meta}
 
 
 # --- in-process calls (flows, benchmarks): a step's run() with its inputs by name -------------------------
@@ -308,19 +318,24 @@ def call_step(step: str, cfg: Any, store: Any, inputs: dict[str, str],
               options: dict[str, Any] | None = None) -> dict[str, Any]:
     """`steps.<step>.run(cfg, store, *inputs, **options)` -> its record (id, uri, seconds, metrics, meta)."""
     row = STEPS[step]
+    check_call(step, inputs, options)
+    module = importlib.import_module(row.module)
+    start = time.perf_counter()
+    manifest = module.run(cfg, store, *(inputs[n] for n in row.inputs),
+                          **{k: v for k, v in (options or {}).items() if v is not None})
+    return record(step, store, manifest, time.perf_counter() - start)
+
+
+def check_call(step: str, inputs: dict[str, str], options: dict[str, Any] | None) -> None:
+    """A step call names every artifact id the step's run() takes and only options it accepts (in-process
+    here, or as a process: flows/step_process.py)."""
+    row = STEPS[step]
     missing = [n for n in row.inputs if n not in inputs]
     if missing:
         raise ValueError(f"step {step!r} needs artifact ids {list(row.inputs)}; missing {missing}")
     unknown = sorted(set(options or {}) - set(row.option_names))
     if unknown:
         raise ValueError(f"step {step!r} takes options {list(row.option_names)}; got unknown {unknown}")
-    module = importlib.import_module(row.module)
-    start = time.perf_counter()
-    manifest = module.run(cfg, store, *(inputs[n] for n in row.inputs),
-                          **{k: v for k, v in (options or {}).items() if v is not None})
-    return {"step": step, "kind": manifest.kind, "id": manifest.id,
-            "uri": store.artifact_uri(manifest.kind, manifest.id),
-            "seconds": round(time.perf_counter() - start, 2), "metrics": manifest.metrics, "meta": manifest.meta}
 
 
 def run_step(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
@@ -336,9 +351,11 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
     args = parser_for(step).parse_args(sys.argv[1:] if argv is None else argv)
     # steps log their progress (rounds, losses) with `logging`: to stderr, so stdout is only the result
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from steps import progress
     from steps.secrets import install_log_redaction
 
     install_log_redaction()   # a server URL's user-info or token never reaches a log line
+    progress.install_from_environment()
     try:
         return _run(step, args)
     except _expected_errors() as err:
@@ -348,6 +365,5 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["DEFAULT_CONFIG", "Option", "Step", "STEPS", "TOOLS", "add_common_args", "call_step", "open_config",
-           "parser_for", "run_step", "step_main",
-           "version", "UsageError"]
+__all__ = ["DEFAULT_CONFIG", "Option", "Step", "STEPS", "TOOLS", "add_common_args", "call_step", "check_call",
+           "open_config", "parser_for", "record", "run_step", "step_main", "version", "UsageError"]

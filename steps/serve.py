@@ -122,3 +122,7 @@ def _interrupt() -> None:
     raise KeyboardInterrupt
 
 
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,7 +27,7 @@ from steps.checks.layers import check_aux_layers
 from steps.checks.tau import check_live_tau
 from steps.checks.vocab import check_vocab_size
 from steps.config import PipelineConfig, TargetConfig, config_dict
-from steps.launch import Server, get_json, launch_with_fallback, post_json
+from steps.launch import Server, available_port, get_json, launch_with_fallback, post_json
 from steps.metrics import acceptance_length_from_requests
 from steps.prompts import held_out_prompts
 from steps.store import artifact_id, utc_now
@@ -73,13 +73,15 @@ def read_draft_config(draft_dir: str | Path) -> dict[str, Any]:
 def build_sglang_command(cfg: PipelineConfig, *, target_path: str | Path, draft_dir: str | Path,
                          port: int | None = None, disable_cuda_graph: bool = False,
                          launcher: Sequence[str] = SGLANG_LAUNCHER) -> list[str]:
-    """The SGLang 0.5.23 launch argv, derived from the exported draft and the config."""
+    """The SGLang 0.5.23 launch argv, derived from the exported draft and the config. Local paths are absolute,
+    so a printed command works from any directory (a target that is no local path, a hub id, stays as is)."""
     serve, target = cfg.serve, cfg.target
     algorithm = speculative_algorithm(read_draft_config(draft_dir), f"{Path(draft_dir) / 'config.json'}")
+    target_arg = os.path.abspath(target_path) if Path(target_path).exists() else str(target_path)
     cmd = [*launcher,
-           "--model-path", str(target_path),
+           "--model-path", target_arg,
            "--speculative-algorithm", algorithm,
-           "--speculative-draft-model-path", str(draft_dir),
+           "--speculative-draft-model-path", os.path.abspath(draft_dir),
            # all three: SGLang asserts when only some are set, and auto-picks by target arch otherwise
            "--speculative-num-steps", str(serve.num_steps),
            "--speculative-eagle-topk", str(serve.eagle_topk),
@@ -204,13 +206,16 @@ def smoke_test(cfg: PipelineConfig, base_url: str, input_ids: list[int]) -> dict
 
 def start(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *, baseline: bool = False,
           port: int | None = None, env: Mapping[str, str] | None = None) -> tuple[Any, Server]:
-    """Preflight, launch (F6 retry), smoke-test, and record a `serve` artifact; the server keeps running.
+    """Preflight, launch (F6 retry), smoke-test, and record a `serve` artifact; the server keeps running, on
+    `port` (default serve.port) or, when that one is taken, on a free port (`server.base_url` says which).
 
     The caller stops it with `server.stop()`. `baseline=True` serves the target alone (no draft,
     no preflight, no smoke test) for the benchmark's no-draft comparison.
     """
     tdir, draft_dir = target_dir(store, target_id), export_dir(store, export_id, "sglang")
     launcher = LAUNCHERS[cfg.serve.engine]
+    # `port` (default serve.port) is the preferred one: taken by another server, a free one is used instead
+    port = available_port(cfg.serve.host, cfg.serve.port if port is None else port)
 
     def command_for(disable: bool) -> list[str]:
         cmd = build_sglang_command(cfg, target_path=tdir, draft_dir=draft_dir, port=port,

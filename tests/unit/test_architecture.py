@@ -119,6 +119,14 @@ def test_every_step_main_is_the_shared_one():
         assert len(main.body) == 1 and "step_main" in ast.unparse(main.body[0]), f"steps/{name}.py main()"
 
 
+def test_every_step_module_runs_as_python_dash_m():
+    """`python -m steps.<step>` is how a container, a shell and the local pool's subflows start a step
+    (flows/step_process.py): every step module calls its main() when run as a script."""
+    guard = 'if __name__ == "__main__":\n    raise SystemExit(main())'
+    missing = [name for name in STEPS if guard not in (ROOT / "steps" / f"{name}.py").read_text()]
+    assert missing == [], f"steps without the __main__ guard: {missing}"
+
+
 def test_every_step_module_has_run_and_main():
     import importlib
 

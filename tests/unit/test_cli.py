@@ -57,12 +57,13 @@ def world(tmp_path):
     return {"store": store, "config": str(config), "tmp": tmp_path}
 
 
-def test_json_prints_kind_id_uri_and_metrics(world, capsys, monkeypatch):
+def test_json_prints_the_record_kind_id_uri_seconds_metrics_and_meta(world, capsys, monkeypatch):
     monkeypatch.delenv("EAGLENEST_STORE", raising=False)
     argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", D0, "--target", T0]
     assert step_main("mapping", [*argv, "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert set(record) == {"kind", "id", "uri", "metrics"} and record["kind"] == "vocab"
+    assert set(record) == {"step", "kind", "id", "uri", "seconds", "metrics", "meta"} and record["kind"] == "vocab"
+    assert record["step"] == "mapping" and record["seconds"] >= 0
     assert record["uri"] == world["store"].artifact_uri("vocab", record["id"])
     assert record["metrics"]["distinct_tokens"] == 2            # 5 and 9: answer tokens only
     assert step_main("mapping", argv) == 0

@@ -62,3 +62,23 @@ def test_a_note_reaches_listeners_at_once_and_stays_on_later_updates():
     assert noted and noted[0].postfix_items() == [("tau_sim", "1.500"), ("best", "1.500 @ step 1")]
     assert updates[-1].postfix == {"loss": "2.000", "tau_sim": 1.5, "best": "1.500 @ step 1"}
     assert "tau_sim=1.500" in updates[-1].line()
+
+
+def test_an_update_crosses_a_process_boundary_as_one_line_and_other_lines_are_not_updates(capsys):
+    update = progress.Update("train", 45, 100, "step", elapsed_s=12.0, initial=5, postfix={"loss": 2.345})
+    progress.write_line(update)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(progress.PREFIX)
+    assert progress.parse_line(line) == update
+    assert progress.parse_line("train: 45/100 step (45%)") is None
+    assert progress.parse_line(progress.PREFIX + "{not json") is None
+
+
+def test_the_step_cli_writes_progress_lines_only_when_an_orchestrator_asks(monkeypatch):
+    monkeypatch.setattr(progress, "_listeners", [])
+    progress.install_from_environment()
+    assert progress._listeners == []
+    monkeypatch.setenv(progress.LINES_ENV, "1")
+    progress.install_from_environment()
+    progress.install_from_environment()
+    assert progress._listeners == [progress.write_line]

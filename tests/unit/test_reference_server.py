@@ -116,6 +116,22 @@ def test_serve_start_records_the_command_attempts_endpoint_logs_and_smoke_tau(wo
     assert "listening on" in log and "ready in" in log
 
 
+def test_a_second_server_while_the_configured_port_is_taken_serves_on_a_free_one(world, spec_server):
+    """Two pipelines on one machine share a config's serve ports: the second start must neither fail nor
+    take the first one's health answer as its own."""
+    first = spec_server[1]
+    assert first.base_url.endswith(f":{world['cfg'].serve.port}")
+    manifest, second = serving.start(world["cfg"], world["store"], world["export_id"], world["target_id"],
+                                     baseline=True, env=ENV)
+    try:
+        assert second.base_url != first.base_url and manifest.meta["endpoint"] == second.base_url
+        assert f"--port {second.base_url.rsplit(':', 1)[1]}" in manifest.meta["command"]
+        assert get(f"{second.base_url}/server_info")[1]["speculative_algorithm"] != "EAGLE3"   # the baseline
+        assert get(f"{first.base_url}/server_info")[1]["speculative_algorithm"] == "EAGLE3"    # untouched
+    finally:
+        second.stop()
+
+
 def test_server_info_and_generate_speak_sglangs_fields(world, spec_server):
     _, server = spec_server
     status, info = get(f"{server.base_url}/server_info")

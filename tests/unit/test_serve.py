@@ -4,6 +4,7 @@ launch / health deadline / CUDA-graph retry / stop lifecycle (F6) against a real
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import socket
@@ -404,3 +405,34 @@ def test_a_server_start_error_survives_pickling_with_its_attempts():
     err = launching.ServerStartError("never healthy", [{"outcome": "failed", "cuda_graph": True}])
     back = pickle.loads(pickle.dumps(err))
     assert str(back) == "never healthy" and back.attempts == err.attempts
+
+
+def test_the_printed_command_names_the_draft_and_target_by_absolute_path(tmp_path, capsys, monkeypatch):
+    """Pasted into another shell (another working directory), the command still finds both directories."""
+    from tests.builders import bigram_world, free_port
+
+    world = bigram_world(tmp_path, free_port())
+    monkeypatch.chdir(tmp_path)
+    draft = os.path.relpath(world["draft_dir"], tmp_path)
+    target = os.path.relpath(world["target_dir"], tmp_path)
+    assert not Path(draft).is_absolute() and Path(draft).is_dir()
+    rc = serve.main(["--config", "tiny", "--draft", draft, "--target-path", target, "--print-command"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    argv = shlex.split(out.strip())
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == str(world["draft_dir"])
+    assert argv[argv.index("--model-path") + 1] == str(world["target_dir"])
+
+
+def test_a_taken_serve_port_falls_back_to_a_free_one(caplog):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        chosen = launching.available_port("127.0.0.1", port)
+        assert chosen != port and chosen > 0
+        assert f"port {port} on 127.0.0.1 is taken; serving on {chosen}" in caplog.text
+        with socket.socket() as probe:       # the one it picked can be bound: nothing listens there
+            probe.bind(("127.0.0.1", chosen))
+    free = free_port()
+    assert launching.available_port("127.0.0.1", free) == free

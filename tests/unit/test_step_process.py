@@ -1,0 +1,82 @@
+"""A step run from a flow as its own process (flows/step_process.py): the same record as the step's CLI,
+its log lines forwarded, its progress turned back into updates, and a failure that names why."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from flows.step_process import StepProcessFailed, discard_spare, extra_env, run_step_process, step_argv, step_env
+from steps import progress
+from steps.store import open_store
+
+T0, D0 = "7a7a000000000001", "da7a000000000001"
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A store holding a target and a dataset (mapping's inputs) and a config for them."""
+    store = open_store(f"file://{tmp_path}/store")
+    t = store.begin("target", T0, step="target")
+    t.path("config.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 8}))
+    t.commit(meta={"source": "tiny"})
+    d = store.begin("dataset", D0, step="datagen")
+    rows = [{"id": "a", "input_ids": [1, 5, 5, 9, 60], "loss_mask": [0, 1, 1, 1, 0]}]
+    d.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d.commit()
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"name": "t", "store": f"file://{tmp_path}/unused",
+                                      "target": {"source": "tiny"}, "mapping": {"draft_vocab_size": 2}}))
+    return {"store": store, "config": str(config)}
+
+
+def test_a_step_process_returns_the_record_the_step_wrote(world):
+    logged: list[str] = []
+    record = run_step_process("mapping", world["config"], [], world["store"].uri, {"dataset": D0, "target": T0},
+                              log=logged.append, on_progress=lambda u: None)
+    store = world["store"]
+    assert record["step"] == "mapping" and record["kind"] == "vocab" and store.exists("vocab", record["id"])
+    assert record["uri"] == store.artifact_uri("vocab", record["id"])
+    assert record["metrics"] == store.manifest("vocab", record["id"]).metrics
+    assert record["metrics"]["distinct_tokens"] == 2 and record["seconds"] >= 0
+    assert not any(line.startswith(progress.PREFIX) for line in logged)
+
+
+def test_a_step_process_that_fails_raises_with_its_error_line(world):
+    missing = "ab" * 8
+    with pytest.raises(StepProcessFailed) as err:
+        run_step_process("mapping", world["config"], [], world["store"].uri, {"dataset": missing, "target": T0},
+                         log=lambda line: None, on_progress=lambda u: None)
+    assert "exited 2 without a record" in str(err.value)
+    assert "eaglenest mapping: " in str(err.value) and missing in str(err.value)
+
+
+def test_inputs_and_options_become_flags_and_serves_env_goes_to_the_process(world):
+    argv = step_argv("benchmark", "c.yaml", ["train.epochs=2"], "file:///s", {"export": "e" * 16, "target": T0},
+                     {"spec_url": "http://h:1", "baseline_url": None, "attempt": 2})
+    assert argv[:3] == [sys.executable, "-m", "steps.benchmark"]
+    assert " ".join(argv[3:]) == (f"--config c.yaml --json --store file:///s --set train.epochs=2 --export {'e' * 16} "
+                                  f"--target {T0} --spec-url http://h:1 --attempt 2")
+    serve = step_argv("serve", "c.yaml", [], None, {"export": "e" * 16, "target": T0}, {"env": {"A": "1"}})
+    assert "--env" not in serve and "--store" not in serve
+    assert extra_env({"env": {"SGLANG_X": 3}}) == {"SGLANG_X": "3"} and extra_env({}) == {}
+    assert step_env()[progress.LINES_ENV] == "1"
+
+
+def test_the_next_step_process_is_started_ahead_and_the_last_step_leaves_none(world):
+    import flows.step_process as sp
+
+    discard_spare()
+    run_step_process("mapping", world["config"], [], world["store"].uri, {"dataset": D0, "target": T0},
+                     log=lambda line: None, on_progress=lambda u: None)
+    spare = sp._spare
+    assert spare is not None and spare.poll() is None          # importing torch for the next step already
+    with pytest.raises(StepProcessFailed):                    # the gate runs in that spare, and starts none
+        run_step_process("gate", world["config"], [], world["store"].uri,
+                         {"export": "ab" * 8, "target": T0, "benchmark": "cd" * 8},
+                         log=lambda line: None, on_progress=lambda u: None)
+    assert spare.poll() is not None and sp._spare is None
+    assert sp.LAST_STEP == "gate"
