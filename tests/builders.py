@@ -65,9 +65,13 @@ def cli_record(capsys, main, *argv: str) -> tuple[int, dict]:
 
 
 def record_of(store, manifest) -> dict:
-    """What `--json` must print for `manifest`: kind, id, metrics, and the URI as ARCHITECTURE.md lays it out."""
-    return {"kind": manifest.kind, "id": manifest.id, "metrics": manifest.metrics,
-            "uri": f"{store.uri.rstrip('/')}/artifacts/{manifest.kind}/{manifest.id}"}
+    """What `--json` must print for `manifest` (`steps.registry.record`): the step, kind, id, the URI as
+    ARCHITECTURE.md lays it out, metrics and meta; `seconds` is whatever run() took."""
+    from unittest.mock import ANY
+
+    return {"step": manifest.step, "kind": manifest.kind, "id": manifest.id, "seconds": ANY,
+            "uri": f"{store.uri.rstrip('/')}/artifacts/{manifest.kind}/{manifest.id}",
+            "metrics": manifest.metrics, "meta": manifest.meta}
 
 # --- targets -------------------------------------------------------------------------------------------
 
