@@ -457,3 +457,31 @@ def variant(world, name: str, *, rename=None, drop=(), edit=None, **config_edits
 def misalign_d2t(tensors: dict[str, torch.Tensor]) -> None:
     ids = torch.arange(len(tensors["d2t"])) + tensors["d2t"]
     tensors["d2t"] = torch.roll(ids, 1) - torch.arange(len(ids))
+
+
+# --- mapping's inputs ------------------------------------------------------------------------------------
+
+#: the ids of `mapping_world`'s target and dataset
+MAPPING_TARGET, MAPPING_DATASET = "7a7a000000000001", "da7a000000000001"
+
+
+def mapping_world(tmp_path) -> dict:
+    """A config file and a store holding a target and a dataset (mapping's inputs), nothing else: what a
+    step CLI or a step process needs to run `mapping` for real in a test."""
+    import yaml
+
+    from steps.store import open_store
+
+    store = open_store(f"file://{tmp_path}/store")
+    t = store.begin("target", MAPPING_TARGET, step="target")
+    t.path("config.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 8}))
+    t.commit(meta={"source": "tiny"})
+    d = store.begin("dataset", MAPPING_DATASET, step="datagen")
+    rows = [{"id": "a", "input_ids": [1, 5, 5, 9, 60], "loss_mask": [0, 1, 1, 1, 0]}]
+    d.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d.commit()
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"name": "t", "store": f"file://{tmp_path}/config-store",
+                                      "target": {"source": "tiny"}, "mapping": {"draft_vocab_size": 2}}))
+    return {"store": store, "config": str(config), "tmp": tmp_path}
+

@@ -14,12 +14,13 @@ import yaml
 
 from steps.registry import STEPS, step_main, version
 from steps.store import open_store
+from tests.builders import MAPPING_DATASET, MAPPING_TARGET, mapping_world
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_FLAGS = ("--config", "--store", "--set", "--json", "--debug", "--version")
 
 #: the world's artifact ids: 16 hex digits, as the CLI requires
-T0, D0, E0 = "7a7a000000000001", "da7a000000000001", "e0e0000000000001"
+T0, D0, E0 = MAPPING_TARGET, MAPPING_DATASET, "e0e0000000000001"
 
 
 @pytest.mark.parametrize("name", list(STEPS))
@@ -43,18 +44,7 @@ def test_version_prints_the_package_version(capsys):
 @pytest.fixture
 def world(tmp_path):
     """A config file and a store holding a target and a dataset: mapping's inputs, nothing else."""
-    store = open_store(f"file://{tmp_path}/store")
-    t = store.begin("target", T0, step="target")
-    t.path("config.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 8}))
-    t.commit(meta={"source": "tiny"})
-    d = store.begin("dataset", D0, step="datagen")
-    rows = [{"id": "a", "input_ids": [1, 5, 5, 9, 60], "loss_mask": [0, 1, 1, 1, 0]}]
-    d.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    d.commit()
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({"name": "t", "store": f"file://{tmp_path}/config-store",
-                                      "target": {"source": "tiny"}, "mapping": {"draft_vocab_size": 2}}))
-    return {"store": store, "config": str(config), "tmp": tmp_path}
+    return mapping_world(tmp_path)
 
 
 def test_json_prints_the_record_kind_id_uri_seconds_metrics_and_meta(world, capsys, monkeypatch):

@@ -3,34 +3,21 @@ its log lines forwarded, its progress turned back into updates, and a failure th
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
-import yaml
 
 from flows.step_process import StepProcessFailed, discard_spare, extra_env, run_step_process, step_argv, step_env
 from steps import progress
-from steps.store import open_store
+from tests.builders import MAPPING_DATASET, MAPPING_TARGET, mapping_world
 
-T0, D0 = "7a7a000000000001", "da7a000000000001"
+T0, D0 = MAPPING_TARGET, MAPPING_DATASET
 
 
 @pytest.fixture
 def world(tmp_path):
     """A store holding a target and a dataset (mapping's inputs) and a config for them."""
-    store = open_store(f"file://{tmp_path}/store")
-    t = store.begin("target", T0, step="target")
-    t.path("config.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 8}))
-    t.commit(meta={"source": "tiny"})
-    d = store.begin("dataset", D0, step="datagen")
-    rows = [{"id": "a", "input_ids": [1, 5, 5, 9, 60], "loss_mask": [0, 1, 1, 1, 0]}]
-    d.path("conversations/part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    d.commit()
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({"name": "t", "store": f"file://{tmp_path}/unused",
-                                      "target": {"source": "tiny"}, "mapping": {"draft_vocab_size": 2}}))
-    return {"store": store, "config": str(config)}
+    return mapping_world(tmp_path)
 
 
 def test_a_step_process_returns_the_record_the_step_wrote(world):
