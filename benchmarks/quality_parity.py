@@ -207,13 +207,24 @@ def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, ven
     ours_dir = export_dir(store, export["id"], "sglang")
 
     theirs_raw, theirs_dir = out / "speculators-draft", out / "speculators-sglang"
-    for d in (theirs_raw, theirs_dir):
-        if d.exists():
-            import shutil
-            shutil.rmtree(d)
-    theirs_train = train_speculators(cfg, store, ids, out / "speculators-batches", theirs_raw, venv)
-    if convert_main([str(theirs_raw), str(theirs_dir), "--to", "sglang"]) != 0:
-        raise ParityError(f"eaglenest convert {theirs_raw} {theirs_dir} --to sglang failed (see above)")
+    # speculators' draft is kept once trained and converted (a run stopped in verify starts there again),
+    # under a record of what it was trained on: other inputs or another train config train it again
+    done, key = out / "speculators.json", {"inputs": ids, "train": cfg.train.model_dump(mode="json"), "seed": cfg.seed}
+    record = json.loads(done.read_text()) if done.exists() else {}
+    if record.get("key") == key and theirs_dir.is_dir():
+        theirs_train = record["train"]
+    else:
+        done.unlink(missing_ok=True)
+        for d in (theirs_raw, theirs_dir):
+            if d.exists():
+                import shutil
+                shutil.rmtree(d)
+        theirs_train = train_speculators(cfg, store, ids, out / "speculators-batches", theirs_raw, venv)
+        if convert_main([str(theirs_raw), str(theirs_dir), "--to", "sglang"]) != 0:
+            raise ParityError(f"eaglenest convert {theirs_raw} {theirs_dir} --to sglang failed (see above)")
+        part = done.with_suffix(".part")
+        part.write_text(json.dumps({"key": key, "train": theirs_train}))
+        part.rename(done)
 
     target, tokenizer = load_target(store, ids["target"], device=inference_device())
     seen = training_prompts(store, ids["dataset"], tokenizer, train_prompts) if train_prompts else None

@@ -30,12 +30,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
-
 from steps import progress
 from steps.artifacts import conversations_path, inference_device, load_target, load_tokenizer
 from steps.config import DatagenConfig, PipelineConfig
-from steps.decode import cpu_threads, decode, torch_threads
+from steps.decode import cpu_threads, decode, sampling_generator, torch_threads
 from steps.prompts import load_prompts, source_files_sha256
 from steps.registry import step_main
 from steps.store import Manifest, Store, artifact_id, canonical_json
@@ -159,7 +157,7 @@ def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: Datag
     stops = stop_token_ids(tokenizer, model.config)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     temperature = dg.temperature if temperature is None else temperature
-    generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
+    generator = sampling_generator(model, seed) if temperature > 0 else None
     answers = decode(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature, generator=generator)
     return [{"text": tokenizer.decode(a.tokens, skip_special_tokens=True), "finished": a.finished,
              "tokens": len(a.tokens) + a.finished, "error": None} for a in answers]
@@ -339,15 +337,16 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     prompts = with_samples(load_prompts(cfg.dataset, cfg.seed), cfg.datagen)
     # a chunk holds at least one full batch (a GPU decodes hundreds of rows at once)
     chunk_prompts = chunk_prompts or max(CHUNK_PROMPTS, cfg.datagen.batch_size)
-    did = artifact_id("dataset", dataset_identity(cfg, prompts, chunk_prompts), {"target": target_id})
+    identity = dataset_identity(cfg, prompts, chunk_prompts)
+    did = artifact_id("dataset", identity, {"target": target_id})
     if store.exists("dataset", did):
         return store.manifest("dataset", did)
     local = cfg.datagen.backend == "local"
-    model, tokenizer = (load_target(store, target_id, device=inference_device()) if local
+    device = inference_device() if local else None
+    model, tokenizer = (load_target(store, target_id, device=device) if local
                         else (None, load_tokenizer(store, target_id)))
     served = "" if local else served_model_name(str(cfg.datagen.server_url), cfg.target.display_name)
-    writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id},
-                         config=dataset_identity(cfg, prompts, chunk_prompts))
+    writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id}, config=identity)
     chunk_stats: list[dict[str, Any]] = []
     with progress.bar(total=len(prompts), desc="datagen", unit="prompt") as bar:
         for i, start in enumerate(range(0, len(prompts), chunk_prompts)):
@@ -367,7 +366,9 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     if metrics["ok"] == 0:
         raise RuntimeError(f"datagen: no prompt of {len(prompts)} got a usable answer ({metrics['skipped']} too "
                            f"long, {metrics['empty']} empty)")
-    return writer.commit(metrics=metrics, meta={"backend": cfg.datagen.backend, "chunks": len(chunk_stats)})
+    # the device a local backend decoded on: its generator draws the sampled answers (`sampling_generator`)
+    return writer.commit(metrics=metrics, meta={"backend": cfg.datagen.backend, "device": device,
+                                                "chunks": len(chunk_stats)})
 
 
 def main(argv: list[str] | None = None) -> int:

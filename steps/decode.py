@@ -67,10 +67,17 @@ def _trim_left(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
     return mask[:, start:]
 
 
+def sampling_generator(model: torch.nn.Module, seed: int) -> torch.Generator:
+    """The seeded generator `decode` samples with, on the model's device. Samples are reproducible on one
+    kind of device; a GPU's generator draws other numbers than the CPU's, so datagen records the device."""
+    return torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+
+
 @torch.no_grad()
 def decode(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, stops: Iterable[int],
            pad: int, *, temperature: float = 0.0, generator: torch.Generator | None = None) -> list[Answer]:
-    """Answer each prompt (token ids): greedy at temperature 0, else sampled from softmax(logits / T).
+    """Answer each prompt (token ids): greedy at temperature 0, else sampled from softmax(logits / T)
+    with `generator`, which must live on the model's device (`sampling_generator`).
 
     The batch is left padded; each finished row is removed from the batch and its KV cache.
     """
@@ -88,8 +95,10 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
     next_pos = pos[:, -1:] + 1
     for step in range(max_new_tokens):
         if temperature > 0:
-            probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()   # the seeded generator is the CPU's
-            tok = torch.multinomial(probs, 1, generator=generator)[:, 0].to(device)
+            # sampled where the logits are: copying a batch's probabilities to the host every step (rows x
+            # vocab floats, 50 MB at batch 256) and drawing there kept an H200 waiting on the host's cores
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
         else:
             tok = logits.argmax(dim=-1)
         keep = []
@@ -132,4 +141,5 @@ def generate_reference(model: torch.nn.Module, prompts: list[list[int]], max_new
     return answers
 
 
-__all__ = ["Answer", "cache_kwarg", "cpu_threads", "decode", "generate_reference", "torch_threads"]
+__all__ = ["Answer", "cache_kwarg", "cpu_threads", "decode", "generate_reference", "sampling_generator",
+           "torch_threads"]

@@ -92,6 +92,15 @@ def test_gpu_and_serve_images_never_install_torch():
     assert not any(line.startswith("torch") for line in (REPO / "requirements" / "lock.txt").read_text().splitlines())
 
 
+def test_gpu_image_keeps_the_compile_cache_on_the_scratch_volume():
+    """Training compiles flex attention in every fresh process; the cache must sit under the host's scratch
+    mount (EAGLENEST_CACHE) so that it outlives the container, not in the container's own /tmp."""
+    env = " ".join(ins.args for ins in read_dockerfile(DOCKERFILES["gpu"]) if ins.keyword == "ENV").split()
+    values = dict(pair.split("=", 1) for pair in env if "=" in pair)
+    assert values["TORCHINDUCTOR_CACHE_DIR"].startswith(values["EAGLENEST_CACHE"] + "/")
+    assert values["EAGLENEST_CACHE"].startswith("/scratch/")
+
+
 def dockerignore_patterns() -> list[str]:
     lines = (REPO / ".dockerignore").read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]

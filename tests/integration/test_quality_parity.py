@@ -74,3 +74,13 @@ def test_the_curve_and_the_harness_train_both_drafts_on_the_tiny_target_and_meas
     assert json.loads((parity / "speculators-sglang" / "config.json").read_text())["architectures"] == \
         ["LlamaForCausalLMEagle3"]
     assert "| speculators 0.9.0 |" in (parity / "parity.md").read_text()
+
+    # run again (as after a run stopped in verify): both drafts are reused, not trained again
+    log = parity / "speculators-draft.log"
+    before = log.stat().st_mtime_ns
+    assert tau_curve.main(["--config", "tiny", "--store", f"file://{tmp_path / 'store'}", "--out", str(out),
+                           *common, "--point", "p=", "--parity", "p", "--venv", str(venv)]) == 0
+    again = json.loads((parity / "parity.json").read_text())["rows"]
+    assert log.stat().st_mtime_ns == before
+    assert again["speculators 0.9.0"]["train_s"] == theirs["train_s"]
+    assert again["speculators 0.9.0"]["tau"] == theirs["tau"] and again["eaglenest"]["tau"] == ours["tau"]

@@ -137,6 +137,8 @@ def test_extra_samples_are_seeded_samples_beside_the_greedy_answer(tiny, clean_r
     cfg = cfg_for(path, "datagen.samples_per_prompt=3", "datagen.sample_temperature=1.5")
     m = D.run(cfg, store, tid, chunk_prompts=CHUNK)
     assert m.id != greedy.id and m.metrics["prompts"] == 3 * len(PROMPTS)
+    # the samples depend on the generator's device: the manifest says which one drew them
+    assert m.meta["device"] == artifacts.inference_device() == "cpu"
     rows = {r["id"]: r for r in artifacts.read_conversations(store, m.id)}
     plain = {r["id"]: r for r in artifacts.read_conversations(store, greedy.id)}
     assert {i for i in rows if "~" not in i} == set(plain)
