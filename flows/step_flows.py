@@ -25,6 +25,7 @@ from prefect import flow, get_run_logger
 from flows.step_process import run_step_process
 from flows.ui import ProgressArtifacts, step_artifacts
 from steps import progress
+from steps.artifacts import DRAFT_LOG_FILE
 from steps.config import find_config
 from steps.registry import DEFAULT_CONFIG
 from steps.registry import STEPS as REGISTRY
@@ -77,8 +78,6 @@ def _file_bytes(store: Any, record: dict[str, Any], rel: str | None) -> bytes | 
 
 
 def _train_log(store: Any, record: dict[str, Any]) -> list[dict[str, Any]] | None:
-    from steps.artifacts import DRAFT_LOG_FILE  # steps.artifacts imports torch: only once train ran
-
     raw = _file_bytes(store, record, DRAFT_LOG_FILE)
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()] if raw else None
 

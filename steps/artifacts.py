@@ -19,15 +19,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any
 
 from steps.checks.vocab import validate_vocab
 from steps.config import PipelineConfig
-from steps.draft import DraftConfig, Eagle3Draft
 from steps.store import ARTIFACT_ID, ArtifactError, Store, artifact_id, content_sha256, open_store, sha256_file
+
+if TYPE_CHECKING:
+    import torch
+
+    from steps.draft import Eagle3Draft
+
+# The orchestrator (flows/) reads paths and file names here and never tensors: torch is imported by the
+# readers that return tensors, so that importing this module costs no torch (2.4 s and 200 MB on 2 cores).
 
 # --- file names shared by writers and readers ----------------------------------------------------------
 
@@ -40,8 +44,9 @@ DRAFT_MODEL_FILE, DRAFT_CONFIG_FILE, DRAFT_LOG_FILE = "model.safetensors", "draf
 
 #: what the `smollm2` target is converted from and stored as (part of its artifact id).
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: storage dtype of the converted SmolLM2 weights (compute is fp32 on CPU; bf16 halves the disk).
-SMOLLM2_STORAGE_DTYPE = torch.bfloat16
+#: storage dtype of the converted SmolLM2 weights (compute is fp32 on CPU; bf16 halves the disk), by its
+#: torch name: `str(torch.bfloat16)` is part of the target's artifact id.
+SMOLLM2_STORAGE_DTYPE = "torch.bfloat16"
 
 
 # --- target ----------------------------------------------------------------------------------------------
@@ -69,7 +74,7 @@ def target_identity(cfg: PipelineConfig) -> dict[str, Any]:
     if t.source == "tiny":
         return {"source": "tiny", "tiny": t.tiny.model_dump(mode="json"), "seed": cfg.seed}
     if t.source == "smollm2":
-        return {"source": "smollm2", "gguf": SMOLLM2_GGUF, "storage_dtype": str(SMOLLM2_STORAGE_DTYPE)}
+        return {"source": "smollm2", "gguf": SMOLLM2_GGUF, "storage_dtype": SMOLLM2_STORAGE_DTYPE}
     path = Path(str(t.path)).resolve()
     return {"source": "hf_dir", "path": str(path), "files_sha256": hf_dir_content(path)}
 
@@ -117,16 +122,21 @@ def inference_device() -> str:
     Decoding stays in float32 there too (the default of `load_target`): a 135M-1B target at batch 1 is
     bound by kernel launches, not arithmetic, and float32 keeps verify's speculative == plain greedy check
     free of bf16 near-ties between a one-token and a (k+1)-token forward."""
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def load_target(store: Store, target_id: str, *, device: str = "cpu",
-                dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer); safetensors only, remote code only if the config allowed it."""
+                dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) in `dtype` (default float32); safetensors only, remote code only if
+    the config allowed it."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     m = store.manifest("target", target_id)
-    model = AutoModelForCausalLM.from_pretrained(target_dir(store, target_id), dtype=dtype, use_safetensors=True,
+    model = AutoModelForCausalLM.from_pretrained(target_dir(store, target_id), dtype=dtype or torch.float32,
+                                                 use_safetensors=True,
                                                  trust_remote_code=bool(m.meta.get("trust_remote_code")))
     return model.to(device).eval(), load_tokenizer(store, target_id)
 
@@ -152,6 +162,8 @@ def read_conversations(store: Store, dataset_id: str) -> Iterator[dict[str, Any]
 
 def load_vocab(store: Store, vocab_id: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t, t2d) of a vocab artifact, validated (F3)."""
+    from safetensors.torch import load_file
+
     m = store.manifest("vocab", vocab_id)
     tensors = load_file(str(store.fetch_file("vocab", vocab_id, VOCAB_FILE, m)))
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
@@ -164,6 +176,10 @@ def load_vocab(store: Store, vocab_id: str) -> tuple[torch.Tensor, torch.Tensor]
 
 def load_draft(store: Store, draft_id: str) -> tuple[Eagle3Draft, dict[str, Any]]:
     """(draft in eval mode, draft_config.json) of a draft artifact; the vocab map is re-validated (F3)."""
+    from safetensors.torch import load_file
+
+    from steps.draft import DraftConfig, Eagle3Draft
+
     m = store.manifest("draft", draft_id)
     meta = json.loads(Path(store.fetch_file("draft", draft_id, DRAFT_CONFIG_FILE, m)).read_text())
     model = Eagle3Draft(DraftConfig.from_dict(meta))

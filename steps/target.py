@@ -127,7 +127,8 @@ def convert_smollm2(out_dir: Path) -> dict[str, Any]:
     clean = LlamaForCausalLM(LlamaConfig(**cd))
     clean.load_state_dict(loaded.state_dict())
     clean.generation_config = loaded.generation_config
-    clean.to(SMOLLM2_STORAGE_DTYPE).save_pretrained(out_dir, safe_serialization=True)
+    storage = getattr(torch, SMOLLM2_STORAGE_DTYPE.removeprefix("torch."))
+    clean.to(storage).save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
     return {"convert_s": round(time.perf_counter() - t0, 1), "params": sum(p.numel() for p in clean.parameters())}
 
@@ -254,7 +255,7 @@ def run(cfg: PipelineConfig, store: Store) -> Manifest:
                  "files_sha256": target_identity(cfg)["files_sha256"]}
     elif t.source == "smollm2":
         metrics = convert_smollm2(writer.staging)
-        meta["storage_dtype"] = str(SMOLLM2_STORAGE_DTYPE)
+        meta["storage_dtype"] = SMOLLM2_STORAGE_DTYPE
     else:
         metrics = build_tiny(cfg, writer.staging)
         meta |= {"seed": cfg.seed, "python": sys.version.split()[0]}

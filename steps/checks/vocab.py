@@ -8,10 +8,15 @@ it, every reader re-checks with it); `vocab_problem` is the same rule on whateve
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from steps.checks.finding import Finding
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+# torch is imported where a tensor is read: the orchestrator imports these checks (through steps.artifacts)
+# for names and sizes only.
 
 #: what fixes a broken map: it is built in one place.
 FIX = ("store d2t as int64 offsets d2t = ids - arange(draft_vocab) with ids the sorted target ids of the draft "
@@ -21,6 +26,8 @@ FIX = ("store d2t as int64 offsets d2t = ids - arange(draft_vocab) with ids the 
 def validate_vocab(d2t: Tensor | None, t2d: Tensor | None, target_vocab: int) -> None:
     """Raise ValueError naming the F3 fault: missing, non-int64, absolute ids, out of range,
     unsorted, or a t2d that disagrees with d2t."""
+    import torch
+
     if d2t is None or t2d is None:
         raise ValueError(f"vocab map is missing ({'d2t' if d2t is None else 't2d'} is None); a draft with "
                          "a reduced vocab cannot be served without d2t (F3)")
@@ -51,6 +58,8 @@ def validate_vocab(d2t: Tensor | None, t2d: Tensor | None, target_vocab: int) ->
 
 def vocab_problem(d2t: Tensor, t2d: Tensor | None, draft_vocab: int, vocab: int) -> str | None:
     """What is wrong with a checkpoint's d2t (and t2d when it has a usable one), or None."""
+    import torch
+
     if d2t.dtype != torch.int64:
         return f"dtype {d2t.dtype}, expected int64 (a float map cannot index and loses ids above 256)"
     if tuple(d2t.shape) != (draft_vocab,):
@@ -104,6 +113,8 @@ def vocab_findings(d2t: Tensor | None, t2d: Tensor | None, *, draft_vocab: int |
                    ) -> list[Finding]:
     """F3 for the strict checker: vocab_size is the target's, d2t present when the vocab is reduced (or the
     config is unreadable), t2d bool over the target vocab, and d2t a valid offset map."""
+    import torch
+
     out = check_vocab_size(vocab, target_vocab, where=config_where)
     sizes_known = isinstance(draft_vocab, int) and isinstance(vocab, int)
     if d2t is None:

@@ -4,6 +4,8 @@ flows layering (no step imports another step), CLI surface."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from steps.registry import STEPS, TOOLS
@@ -87,6 +89,17 @@ def test_steps_never_import_prefect():
 def test_flows_never_import_torch():
     offenders = [p.name for p in (ROOT / "flows").rglob("*.py") if {"torch", "safetensors"} & _imports(p)]
     assert offenders == [], f"flows/ orchestrates artifacts, never tensors: {offenders}"
+
+
+def test_the_orchestrator_loads_no_torch_even_through_the_steps_library():
+    """The static rule above sees direct imports only; a flow that reads a file name from steps.artifacts
+    once pulled in torch (2.4 s and 200 MB in the orchestrator, a pause after training) through it."""
+    code = ("import sys\nimport flows.pipeline, flows.step_flows, flows.step_process, flows.demo, steps.artifacts\n"
+            "from steps.artifacts import DRAFT_LOG_FILE, export_dir, target_dir\n"
+            "loaded = sorted(m for m in ('torch', 'safetensors.torch', 'transformers') if m in sys.modules)\n"
+            "assert not loaded, f'the orchestrator imported {loaded}'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_cli_commands_are_the_registry_steps_the_tools_and_the_flow_commands():
