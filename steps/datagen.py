@@ -186,7 +186,7 @@ def served_model_name(server_url: str, fallback: str) -> str:
 
 def _openai_one(url: str, model: str, prompt: dict[str, Any], dg: DatagenConfig, seed: int) -> dict[str, Any]:
     """One chat completion, tried up to 1 + dg.retries times with doubling waits; an error result after that."""
-    temperature = prompt.get("temperature", dg.temperature)
+    temperature = answer_temperature(prompt, dg)
     payload = {"model": model, "messages": prompt["messages"], "temperature": temperature,
                "max_tokens": dg.max_new_tokens}
     if temperature > 0:
@@ -232,7 +232,7 @@ def answer_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfi
     if dg.backend == "local":
         todo.sort(key=lambda i: len(prompt_ids[i]))  # similar lengths share a batch: less padding
         # one batch decodes at one temperature: the extra samples (`samples_per_prompt`) are batched apart
-        temps = {i: prompts[i].get("temperature", dg.temperature) for i in todo}
+        temps = {i: answer_temperature(prompts[i], dg) for i in todo}
         # threads are picked per chunk: the load of a shared machine changes during a long run
         with torch_threads(cpu_threads()):
             for g, temp in enumerate(sorted(set(temps.values()))):
@@ -326,6 +326,11 @@ def with_samples(prompts: list[dict[str, Any]], dg: DatagenConfig) -> list[dict[
     extra = [{**p, "id": f"{p['id']}~{k}", "temperature": dg.sample_temperature}
              for k in range(1, dg.samples_per_prompt) for p in prompts]
     return prompts + extra
+
+
+def answer_temperature(prompt: dict[str, Any], dg: DatagenConfig) -> float:
+    """The temperature a prompt is answered at: an extra sample's own (`with_samples`), else the config's."""
+    return prompt.get("temperature", dg.temperature)
 
 
 def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int | None = None) -> Manifest:
