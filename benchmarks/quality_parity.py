@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -209,16 +210,15 @@ def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, ven
     theirs_raw, theirs_dir = out / "speculators-draft", out / "speculators-sglang"
     # speculators' draft is kept once trained and converted (a run stopped in verify starts there again),
     # under a record of what it was trained on: other inputs or another train config train it again
-    done, key = out / "speculators.json", {"inputs": ids, "train": cfg.train.model_dump(mode="json"), "seed": cfg.seed}
+    done = out / "speculators.json"
+    key = {"inputs": ids, "train": cfg.train.model_dump(mode="json"), "seed": cfg.seed}
     record = json.loads(done.read_text()) if done.exists() else {}
     if record.get("key") == key and theirs_dir.is_dir():
         theirs_train = record["train"]
     else:
         done.unlink(missing_ok=True)
         for d in (theirs_raw, theirs_dir):
-            if d.exists():
-                import shutil
-                shutil.rmtree(d)
+            shutil.rmtree(d, ignore_errors=True)
         theirs_train = train_speculators(cfg, store, ids, out / "speculators-batches", theirs_raw, venv)
         if convert_main([str(theirs_raw), str(theirs_dir), "--to", "sglang"]) != 0:
             raise ParityError(f"eaglenest convert {theirs_raw} {theirs_dir} --to sglang failed (see above)")
