@@ -27,10 +27,8 @@ from flows.ui import ProgressArtifacts, step_artifacts
 from steps import progress
 from steps.artifacts import DRAFT_LOG_FILE
 from steps.config import find_config
-from steps.registry import DEFAULT_CONFIG
+from steps.registry import DEFAULT_CONFIG, call_step, open_config
 from steps.registry import STEPS as REGISTRY
-from steps.registry import call_step as _run
-from steps.registry import open_config as _open
 from steps.secrets import install_log_redaction
 
 #: views of the one table, steps/registry.py: step → (module, the artifact ids its run() takes, in order;
@@ -49,7 +47,7 @@ def run_step_reporting(step: str, config: str, overrides: list[str] | None, stor
     for name in ("", "prefect"):
         install_log_redaction(logging.getLogger(name))
     logger = get_run_logger()
-    cfg, store = _open(config, overrides, store_uri)
+    cfg, store = open_config(config, overrides, store_uri)
     logger.info("%s: started (%s)", step, ", ".join(f"{k} {v}" for k, v in inputs.items()) or "no inputs")
     listener = ProgressArtifacts(step, log=logger.info)
     if isolated:
@@ -57,7 +55,7 @@ def run_step_reporting(step: str, config: str, overrides: list[str] | None, stor
                                   log=logger.info, on_progress=listener)
     else:
         with progress.listening(listener):
-            record = _run(step, cfg, store, inputs, options)
+            record = call_step(step, cfg, store, inputs, options)
     logger.info("%s → %s (%.1f s)", step, record["uri"], record["seconds"])
     try:
         step_artifacts(step, record, cfg.name, plot_png=_file_bytes(store, record, PLOTS.get(step)),

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from steps import layers
-from steps.artifacts import load_target
+from steps.artifacts import inference_device, load_target
 from steps.config import PipelineConfig
 from steps.launch import get_json, post_json
 from steps.shards import encode_states
@@ -274,7 +274,7 @@ def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: l
         backend.check_server(tcfg["num_hidden_layers"])
         return backend
     # fp32 on CPU (bf16 is ~20x slower on an AVX2 CPU), bf16 on CUDA.
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or torch.device(inference_device())
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model, tokenizer = load_target(store, target_id, device=str(device), dtype=dtype)
     return LocalBackend(model, layer_ids, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)

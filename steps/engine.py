@@ -70,8 +70,9 @@ class Engine:
     def _target(self, ids: list[int], cache: DynamicCache, **kw):
         return self.target(input_ids=self._ids([ids]), use_cache=True, **{self._cache_kw: cache}, **kw)
 
-    def _ids(self, rows: list[list[int]]) -> Tensor:
-        return torch.tensor(rows, device=self.device)
+    def _ids(self, ids: list[int] | list[list[int]]) -> Tensor:
+        """Token ids (or positions) as a tensor on the model's device."""
+        return torch.tensor(ids, device=self.device)
 
     # --- the target: one forward over new tokens, returning argmax ids and features ------------------
 
