@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from steps.artifacts import load_target
-from steps.config import DatagenConfig
 from steps.datagen import generate_local
-from steps.prompts import load_stdlib
-from steps.store import open_store
+from steps.lib.artifacts import load_target
+from steps.lib.config import DatagenConfig
+from steps.lib.data.prompts import load_stdlib
+from steps.lib.store import open_store
 
 
 def main() -> None:

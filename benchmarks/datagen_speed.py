@@ -1,5 +1,5 @@
 """Datagen answer tokens/s: `model.generate` (datagen before 2026-12-01) against the batched decode loop
-(`steps/decode.py`), side by side in one process on the demo's own prompts.
+(`steps/lib/model/decode.py`), side by side in one process on the demo's own prompts.
 
     python benchmarks/datagen_speed.py --store file://out/store [--prompts 64] [--new-tokens 128]
         [--batches 32,64] [--threads 0]
@@ -19,12 +19,12 @@ import time
 
 import torch
 
-from steps.artifacts import load_target
-from steps.config import find_config, load_config
 from steps.datagen import stop_token_ids
-from steps.decode import cpu_threads, decode, generate_reference
-from steps.prompts import chat_token_ids, load_prompts
-from steps.store import open_store
+from steps.lib.artifacts import load_target
+from steps.lib.config import find_config, load_config
+from steps.lib.data.prompts import chat_token_ids, load_prompts
+from steps.lib.model.decode import cpu_threads, decode, generate_reference
+from steps.lib.store import open_store
 
 
 def main() -> None:

@@ -5,12 +5,12 @@
 Rows (Llama-3.1-8B shapes, random bf16 weights, one GPU):
 - `bare`: the target's decoder stack alone (`model.model(input_ids)`), 8 × 2048 tokens a call, the
   anchor of every extraction row;
-- `capture`: `steps.capture.LocalBackend.capture_async` (hooks, side-stream copies into pinned host
-  buffers) with `steps.shard_writer.ShardWriter` assembling each shard's rows in host memory, no file;
-- `capture+write`: the same with the shards written to local disk (`steps.shards.write_encoded`), bf16
+- `capture`: `steps.lib.extraction.capture.LocalBackend.capture_async` (hooks, side-stream copies into pinned host
+  buffers) with `steps.lib.extraction.shard_writer.ShardWriter` assembling each shard's rows in host memory, no file;
+- `capture+write`: the same with the shards written to local disk (`steps.lib.data.shards.write_encoded`), bf16
   and fp8, each file deleted once written (the upload's place); `+fsync` forces each file to disk;
 - `sync` (before): `LocalBackend.capture` + `write_shard` on one thread, as extract ran before;
-- `train`: `steps.training.loop.train_step` at TTT 7 and 3, 8192 tokens a step (4 rows of 2048);
+- `train`: `steps.lib.training.loop.train_step` at TTT 7 and 3, 8192 tokens a step (4 rows of 2048);
 - `speculators`: speculators 0.9.0's Eagle3 draft step (flex attention under torch.compile, eager KL
   loss, AdamW, bf16 autocast) at the same shapes (benchmarks/speculators_anchor.py).
 Every extraction row streams `--shards` shards of 2 calls each after one warm-up shard: tokens over
@@ -34,17 +34,17 @@ from pathlib import Path
 import torch
 
 from benchmarks.scaling import DRAFT_VOCAB, SHAPES, draft_config, random_target, synthetic_batch
-from steps import distributed
-from steps.capture import LocalBackend
-from steps.config import parse_config
-from steps.draft import Eagle3Draft
-from steps.layers import default_aux_layer_ids
+from steps.lib.config import parse_config
+from steps.lib.data.shards import read_shard, shard_bytes_bound, write_encoded, write_shard
+from steps.lib.extraction.capture import LocalBackend
+from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
+from steps.lib.layer_ids import default_aux_layer_ids
+from steps.lib.model.draft import Eagle3Draft
+from steps.lib.runtime import distributed
+from steps.lib.training.loop import Setup, build_trainer, train_step
+from steps.lib.training.plan import Batch
+from steps.lib.training.ttt import layouts, loss_positions, ttt_loss
 from steps.mapping import build_vocab
-from steps.shard_writer import ShardJob, ShardWriter
-from steps.shards import read_shard, shard_bytes_bound, write_encoded, write_shard
-from steps.training.loop import Setup, build_trainer, train_step
-from steps.training.plan import Batch
-from steps.training.ttt import layouts, loss_positions, ttt_loss
 
 BATCH, SEQ = 8, 2048
 

@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from steps.artifacts import export_dir, load_target
-    from steps.config import find_config, load_config
+    from steps.lib.artifacts import export_dir, load_target
+    from steps.lib.config import find_config, load_config
+    from steps.lib.store import open_store, store_uri_for
     from steps.registry import run_step
-    from steps.store import open_store, store_uri_for
 
     base = args.overrides + ["train.eval_every=0"]
     cfg = load_config(find_config(args.config), base)

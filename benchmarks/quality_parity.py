@@ -3,7 +3,7 @@ measured by the same engine (issue 12, item 1).
 
 Same for both: the hidden-state artifact and the vocab artifact (d2t/t2d) of one store, the batches
 (eaglenest's plan: every optimizer step sees the same sequences, packed the same way), the token
-budget, the TTT steps and their loss decay, the learning-rate schedule (`steps.training.loop.lr_at`),
+budget, the TTT steps and their loss decay, the learning-rate schedule (`steps.lib.training.loop.lr_at`),
 AdamW betas, weight decay and gradient clipping. Each keeps its own model and objective: speculators
 copies the target's lm_head rows and freezes them (and the embedding), trains with forward KL and
 masks by its own rules; eaglenest trains its head (started from the target's rows with
@@ -103,10 +103,10 @@ def train_speculators(cfg, store, ids: dict[str, str], work: Path, out: Path, ve
     import torch
     from safetensors.torch import save_file
 
-    from steps.artifacts import load_vocab, target_dir
+    from steps.lib.artifacts import load_vocab, target_dir
+    from steps.lib.training.loop import BETAS, lr_at
+    from steps.lib.training.plan import make_batch
     from steps.train import prepare
-    from steps.training.loop import BETAS, lr_at
-    from steps.training.plan import make_batch
 
     py = speculators_python(venv)
     t = cfg.train
@@ -154,8 +154,8 @@ def train_speculators(cfg, store, ids: dict[str, str], work: Path, out: Path, ve
 
 def training_prompts(store, dataset_id: str, tokenizer, n: int) -> list[tuple[str, list[int]]]:
     """The first `n` prompts the draft was trained on (first user turn, chat-templated): τ in distribution."""
-    from steps.artifacts import read_conversations
-    from steps.prompts import chat_token_ids
+    from steps.lib.artifacts import read_conversations
+    from steps.lib.data.prompts import chat_token_ids
 
     out = []
     for row in read_conversations(store, dataset_id):
@@ -170,10 +170,10 @@ def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[st
                 ) -> dict[str, Any]:
     """τ of one SGLang draft directory with the reference engine (verify's `measure`) on `prompts`
     (default: the config's held-out MT-bench prompts, as verify)."""
-    from steps.engine import Engine
-    from steps.formats.sglang import sglang_layer_ids
-    from steps.formats.sglang_loader import load_sglang_draft
-    from steps.prompts import held_out_prompts
+    from steps.lib.data.prompts import held_out_prompts
+    from steps.lib.formats.sglang import sglang_layer_ids
+    from steps.lib.formats.sglang_loader import load_sglang_draft
+    from steps.lib.model.reference_engine import Engine
     from steps.verify import measure, summarize
 
     draft, report = load_sglang_draft(sglang_dir, target=target)
@@ -189,11 +189,11 @@ def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, ven
     training prompts when > 0) -> the result written to out/parity.json and out/parity.md."""
     import torch
 
-    from steps.artifacts import export_dir, inference_device, load_target
-    from steps.config import find_config, load_config
     from steps.convert import main as convert_main
+    from steps.lib.artifacts import export_dir, inference_device, load_target
+    from steps.lib.config import find_config, load_config
+    from steps.lib.store import open_store, store_uri_for
     from steps.registry import run_step
-    from steps.store import open_store, store_uri_for
 
     speculators_python(venv)                          # fail before any work
     # the same data for both: no held-out split taken out of eaglenest's training here

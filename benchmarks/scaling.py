@@ -4,13 +4,13 @@
     torchrun --nproc-per-node N benchmarks/scaling.py --what train,extract --layers 32 --out scaling.jsonl
 
 Training runs the step `steps.train` runs (`train_step`: loss over the global count of predictions,
-DDP or FSDP from `steps.distributed`, bf16 autocast, AdamW, clipping) on the EAGLE-3 draft of a
+DDP or FSDP from `steps.lib.runtime.distributed`, bf16 autocast, AdamW, clipping) on the EAGLE-3 draft of a
 Llama-3.1-8B-shaped target (H 4096, 32/8 heads, MLP 14336, target vocab 128256, draft vocab 32000,
 3 aux layers), `--tokens-per-gpu` tokens per rank per step (weak scaling: the global batch grows with
 N, as it does when a run is given more GPUs). `--shape h7168` is the 7168-wide draft of the founding
 MoE case (FSDP territory). Extraction runs the target itself (random bf16 weights, `--layers` decoder
-layers, one replica per rank) through `steps.capture.LocalBackend` (hooks on the aux layers and the
-final norm; states copied to the host as the step does), then writes the shard (`steps.shards`, bf16)
+layers, one replica per rank) through `steps.lib.extraction.capture.LocalBackend` (hooks on the aux layers and the
+final norm; states copied to the host as the step does), then writes the shard (`steps.lib.data.shards`, bf16)
 to local disk, timed apart. Throughput is the job's: all ranks' tokens over the slowest rank's
 median time. Rank 0 prints one JSON line per measurement (and appends it to `--out`), then a table.
 `--group` joins a process group even at one rank, to measure the DDP/FSDP wrappers' own cost.
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-from steps import distributed
-from steps.config import parse_config
-from steps.draft import DraftConfig, Eagle3Draft
-from steps.layers import default_aux_layer_ids
+from steps.lib.config import parse_config
+from steps.lib.layer_ids import default_aux_layer_ids
+from steps.lib.model.draft import DraftConfig, Eagle3Draft
+from steps.lib.runtime import distributed
+from steps.lib.training.loop import Setup, build_trainer, train_step
+from steps.lib.training.plan import Batch
 from steps.mapping import build_vocab
-from steps.training.loop import Setup, build_trainer, train_step
-from steps.training.plan import Batch
 
 #: target shapes (the draft's decoder layer takes the same); `tiny` is a CPU smoke test of this script.
 SHAPES = {
@@ -144,8 +144,8 @@ def random_target(world: distributed.World, shape: dict, layers: int) -> torch.n
 
 
 def bench_extract(world: distributed.World, args: argparse.Namespace) -> dict:
-    from steps.capture import LocalBackend
-    from steps.shards import write_shard
+    from steps.lib.data.shards import write_shard
+    from steps.lib.extraction.capture import LocalBackend
 
     shape = SHAPES[args.shape]
     layer_ids = default_aux_layer_ids(args.layers)

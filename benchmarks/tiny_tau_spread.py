@@ -30,13 +30,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def run_chain(seed: int, threads: int, root: Path) -> dict:
     import torch
 
-    from steps.artifacts import export_dir, load_target
-    from steps.engine import Engine
-    from steps.formats.sglang import sglang_layer_ids
-    from steps.formats.sglang_loader import load_sglang_draft
-    from steps.prompts import held_out_prompts
+    from steps.lib.artifacts import export_dir, load_target
+    from steps.lib.data.prompts import held_out_prompts
+    from steps.lib.formats.sglang import sglang_layer_ids
+    from steps.lib.formats.sglang_loader import load_sglang_draft
+    from steps.lib.model.reference_engine import Engine
+    from steps.lib.store import open_store
     from steps.registry import run_step
-    from steps.store import open_store
     from steps.verify import measure
 
     torch.set_num_threads(threads)
@@ -64,7 +64,7 @@ def run_chain(seed: int, threads: int, root: Path) -> dict:
             trained_export = export
 
     # the trained draft behind --speculative-algorithm EAGLE (F1), on the same held-out prompts
-    from steps.config import find_config, load_config
+    from steps.lib.config import find_config, load_config
 
     cfg = load_config(find_config("tiny"), overrides)
     store = open_store(store_uri)

@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from steps.draft import DraftConfig, Eagle3Draft
+from steps.lib.model.draft import DraftConfig, Eagle3Draft
+from steps.lib.training.plan import Batch
+from steps.lib.training.ttt import ttt_loss
 from steps.mapping import build_vocab
-from steps.training.plan import Batch
-from steps.training.ttt import ttt_loss
 
 TOKENS_PER_STEP = 8192
 

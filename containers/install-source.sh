@@ -2,7 +2,7 @@
 # Put /opt/eaglenest (steps/, flows/, configs/) on a venv's path and install the `eaglenest` command.
 #
 # A .pth file instead of `pip install .`: no build backend (and no unpinned setuptools download) is
-# needed, and configs/ stays beside steps/ where steps.config.find_config looks for `--config tiny`.
+# needed, and configs/ stays beside steps/ where steps.lib.config.find_config looks for `--config tiny`.
 # The command goes to /usr/local/bin so it works whether or not the venv is first on PATH (the serve
 # image keeps the base's python3 first: SGLang must run with its own packages).
 # Usage: sh containers/install-source.sh VENV   (run as root in /opt/eaglenest, during the build)

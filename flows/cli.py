@@ -23,7 +23,7 @@ FLOW_COMMANDS: dict[str, tuple[str, str]] = {
     "stack": ("flows.stack_cli", "a local Prefect server + worker with every deployment registered (up|down|status)"),
     "dataset": ("flows.dataset_trigger", "upload a dataset to the store and start a pipeline run (upload|list)"),
 }
-#: store maintenance (steps/store/maintenance.py): no Prefect, no torch
+#: store maintenance (steps/lib/store/maintenance.py): no Prefect, no torch
 STORE_HELP = "check every artifact's sha256 (verify [--kind K] [--id ID]) or remove stale staging (gc)"
 #: every `eaglenest` command → its one-line help, in the order `--help` lists them
 COMMANDS: dict[str, str] = {**{s.name: s.help for s in STEPS.values()}, **TOOLS, "store": STORE_HELP,
@@ -39,9 +39,9 @@ def usage() -> str:
 def store_main(argv: list[str]) -> int:
     """`eaglenest store verify|gc`: 0 when every artifact checks out (or gc ran), 1 when one is corrupt, 2 for
     a usage error (one line)."""
+    from steps.lib.runtime.redaction import redact_text
+    from steps.lib.store import ArtifactError, collect_garbage, open_store, store_uri_for, verify_all
     from steps.registry import add_common_args
-    from steps.secrets import redact_text
-    from steps.store import ArtifactError, collect_garbage, open_store, store_uri_for, verify_all
 
     parser = argparse.ArgumentParser(prog="eaglenest store", description=STORE_HELP)
     sub = parser.add_subparsers(dest="action", required=True)
@@ -55,7 +55,7 @@ def store_main(argv: list[str]) -> int:
         p.add_argument("--json", action="store_true", help="print the records as JSON")
     args = parser.parse_args(argv)
     try:
-        from steps.config import find_config, load_config
+        from steps.lib.config import find_config, load_config
 
         store = open_store(store_uri_for(args.store, load_config(find_config(args.config), args.overrides).store))
         if args.action == "verify":

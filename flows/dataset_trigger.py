@@ -3,7 +3,7 @@
     eaglenest dataset upload prompts.jsonl --name support-chats [--pipeline smollm2] [--store URI] [--no-event]
     eaglenest dataset list [--store URI]
 
-`upload` reads a local JSONL or parquet prompt file, refuses it unless `steps.prompts` can read
+`upload` reads a local JSONL or parquet prompt file, refuses it unless `steps.lib.data.prompts` can read
 every row (the error names the line and the field; nothing is uploaded), puts it under the store
 root and emits the event `eaglenest.dataset.uploaded` to the Prefect API.
 
@@ -45,13 +45,13 @@ import httpx
 from prefect import flow, get_run_logger
 from prefect.settings import get_current_settings
 
-from steps.prompts import load_file
-from steps.store import Store, md5_file, open_store
+from steps.lib.data.prompts import load_file
+from steps.lib.store import Store, md5_file, open_store
 
 EVENT = "eaglenest.dataset.uploaded"
 #: objects live at datasets/<name>/<file name> under the store root (ARCHITECTURE.md, Orchestration).
 PREFIX = "datasets"
-#: what `steps.prompts.load_file` reads as a single file (.json is read as JSONL there too).
+#: what `steps.lib.data.prompts.load_file` reads as a single file (.json is read as JSONL there too).
 DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
 #: dataset prefix → `eagle3-pipeline` deployment whose trigger starts on it (deploy/prefect.yaml matches the
 #: label `eaglenest.pipeline`); objects right under `datasets/<name>/` go to DEFAULT_PIPELINE.

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from flows.pipeline import eagle3_pipeline
-from steps.config import find_config, load_config
-from steps.store import open_store, store_uri_for
+from steps.lib.config import find_config, load_config
+from steps.lib.store import open_store, store_uri_for
 
 #: the control: the same pipeline, but the draft is exported straight from initialisation.
 #: It is measured on MT-bench only: an untrained draft accepts nothing anywhere.
@@ -23,7 +23,7 @@ UNTRAINED = ["train.max_steps=0", "verify.in_distribution_prompts=0"]
 
 def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[str, dict[str, Any]],
               store_uri: str) -> dict[str, Any]:
-    from steps.artifacts import export_dir, target_dir
+    from steps.lib.artifacts import export_dir, target_dir
 
     store = open_store(store_uri)
     verify, control_verify = records["verify"]["metrics"], control["verify"]["metrics"]

@@ -22,9 +22,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import get_run_context
 from prefect.transactions import Transaction, get_transaction, transaction
 
-from steps.config import find_config, load_config
-from steps.secrets import redact_text
-from steps.store import ArtifactError, open_store, store_uri_for
+from steps.lib.config import find_config, load_config
+from steps.lib.runtime.redaction import redact_text
+from steps.lib.store import ArtifactError, open_store, store_uri_for
 
 
 @task(name="promote", persist_result=True, cache_policy=NO_CACHE)

@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from flows.dataset_trigger import PREFIX, announce, dataset_event, parse_key
-from steps.store import Store, open_store
+from steps.lib.store import Store, open_store
 
 log = logging.getLogger("eaglenest.minio_adapter")
 

@@ -38,8 +38,8 @@ from flows.gate import current_flow_run_id, promote_in_transaction
 from flows.reuse import remember, resolve
 from flows.step_flows import STEPS, flow_of, run_step_reporting
 from flows.step_process import warm_up
-from steps.config import PipelineConfig, find_config, load_config
-from steps.store import open_store, store_uri_for
+from steps.lib.config import PipelineConfig, find_config, load_config
+from steps.lib.store import open_store, store_uri_for
 
 __all__ = ["STEPS", "StepRunFailed", "eagle3_pipeline", "call_step"]
 
@@ -198,8 +198,8 @@ def launch_command(cfg: PipelineConfig, config: str, store: Any, export_id: str,
         return f"eaglenest serve --config {config} --store {store.uri} --draft {export_id} --print-command"
     import shlex
 
-    from steps.artifacts import export_dir, target_dir
-    from steps.serving import build_sglang_command
+    from steps.lib.artifacts import export_dir, target_dir
+    from steps.lib.serving.start import build_sglang_command
 
     return shlex.join(build_sglang_command(cfg, target_path=target_dir(store, target_id),
                                            draft_dir=export_dir(store, export_id, "sglang")))

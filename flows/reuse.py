@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from steps.store import ID_SCHEMA, Store, canonical_json
+from steps.lib.store import ID_SCHEMA, Store, canonical_json
 
 INDEX_PREFIX = "calls"
 #: steps whose record is a function of the call key

@@ -1,7 +1,7 @@
 """The local stack: a Prefect server and a process worker on 127.0.0.1, every local deployment registered,
 so that `prefect deployment run 'eagle3-pipeline/tiny' --watch` works. `Stack` is the Python API (tests
 use it); `eaglenest stack up|down|status|register` is its CLI (`flows/stack_cli.py`); what it creates on
-the server is `flows/prefect_setup.py`; the processes are started and stopped by `steps/processes.py`.
+the server is `flows/prefect_setup.py`; the processes are started and stopped by `steps/lib/runtime/processes.py`.
 
 Reads `deploy/prefect.yaml` (deployments, `prefect --no-prompt deploy`) and `deploy/pools/<pool>.json`
 (base job templates; `up` creates the `local` pool, and the docker / k8s pools only when asked for with
@@ -48,8 +48,8 @@ from flows.prefect_setup import (
     pools_for,
     save_result_storage,
 )
-from steps.processes import spawn as spawn_process
-from steps.processes import stop_group, wait_until
+from steps.lib.runtime.processes import spawn as spawn_process
+from steps.lib.runtime.processes import stop_group, wait_until
 
 #: what `up` registers: every deployment on the local pool (`flows/prefect_setup.py` DEPLOYMENT_SETS).
 LOCAL_DEPLOYMENTS = DEPLOYMENT_SETS["local"]

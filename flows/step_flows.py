@@ -6,7 +6,7 @@ orchestrator (`flows/pipeline.py`) starts it with `run_deployment`. The flow ret
 **record** — artifact kind, id, URI, wall seconds, metrics, meta — never a tensor: the data stays in
 the store, and the record is persisted so the parent (another process) can read it.
 
-Long steps report progress through `steps/progress.py`; here it becomes a progress artifact.
+Long steps report progress through `steps/lib/runtime/progress.py`; here it becomes a progress artifact.
 
 On the local pool the pipeline calls these flows as subflows (no deployment run, no worker, no second
 Prefect process) with `isolated=True`: the step then runs as `python -m steps.<step>` in a child process
@@ -24,12 +24,12 @@ from prefect import flow, get_run_logger
 
 from flows.step_process import run_step_process
 from flows.ui import ProgressArtifacts, step_artifacts
-from steps import progress
-from steps.artifacts import DRAFT_LOG_FILE
-from steps.config import find_config
+from steps.lib.artifacts import DRAFT_LOG_FILE
+from steps.lib.config import find_config
+from steps.lib.runtime import progress
+from steps.lib.runtime.redaction import install_log_redaction
 from steps.registry import DEFAULT_CONFIG, call_step, open_config
 from steps.registry import STEPS as REGISTRY
-from steps.secrets import install_log_redaction
 
 #: views of the one table, steps/registry.py: step → (module, the artifact ids its run() takes, in order;
 #: options it accepts as keyword arguments), and step → hardware class (DESIGN.md: one image per class)

@@ -11,7 +11,7 @@ it gets its command line on stdin — the same `step_main` as `python -m steps.<
 left when this process exits is ended with it.
 
 What crosses the boundary: the arguments as CLI flags (`--config`, `--store`, `--set`, one `--<input> ID`
-each, `--<option> V`); the step's log lines (stderr) to `log`, its progress as `steps.progress` lines to
+each, `--<option> V`); the step's log lines (stderr) to `log`, its progress as `steps.lib.runtime.progress` lines to
 `on_progress`; its record (`--json`, the last line of stdout) back. A step that ends without a record
 raises StepProcessFailed with the end of its stderr (the traceback, or the one-line usage error).
 """
@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from steps import progress
-from steps.processes import forwarding_signals
+from steps.lib.runtime import progress
+from steps.lib.runtime.processes import forwarding_signals
 from steps.registry import STEPS, check_call
 
 #: the code the flow runs: first on the child's path, so `python -m steps.<step>` is the same code (the child

@@ -1,6 +1,6 @@
 """What the Prefect UI shows of a pipeline run: progress, a metrics table, and the run report.
 
-- progress artifacts for long steps (datagen, extract, train), fed by `steps/progress.py`: keyed by step
+- progress artifacts for long steps (datagen, extract, train), fed by `steps/lib/runtime/progress.py`: keyed by step
   (`train-progress`), a text bar, ETA and the step's postfix (train's loss); the same line in the log every
   10% (the worker log has no terminal for tqdm to draw on);
 - on every step run, its own small artifacts (`step_artifacts`): its metrics table; the benchmark's plot
@@ -27,8 +27,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from steps.progress import Update, clock
-from steps.secrets import redact, redact_text
+from steps.lib.runtime.progress import Update, clock
+from steps.lib.runtime.redaction import redact, redact_text
 
 #: headline metrics shown per step in the table (the rest stays in the manifest).
 HEADLINE = ("ok", "tokens", "tokens_per_s", "coverage", "steps", "final_loss", "tau",
@@ -41,7 +41,7 @@ def artifact_key(kind: str, config_name: str) -> str:
 
 
 class ProgressArtifacts:
-    """A `steps.progress` listener: one progress artifact per bar, keyed by step and bar (not a UUID),
+    """A `steps.lib.runtime.progress` listener: one progress artifact per bar, keyed by step and bar (not a UUID),
     updated in place; a plain log line at every 10% (and the end) through `log`."""
 
     def __init__(self, step: str, log: Callable[[str], None] | None = None):

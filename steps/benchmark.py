@@ -1,7 +1,7 @@
 """Benchmark: tokens/s and live τ of the served draft against the no-draft baseline, on pinned prompts.
 
 Reads: the `export` and `target` artifacts; two servers speaking SGLang's API — started here through
-`steps.serving.start` (engine `cfg.serve.engine`: SGLang or the reference server; the baseline is the
+`steps.lib.serving.start.start` (engine `cfg.serve.engine`: SGLang or the reference server; the baseline is the
 same command without the `--speculative-*` flags), or given as URLs. Prompts are pinned: the held-out
 MT-bench first turns `steps.verify` measures offline τ on (same selection, same chat template) plus
 the first HumanEval stubs, all recorded by id in the report.
@@ -10,7 +10,7 @@ per temperature × batch size: tokens/s both ways, speedup, live τ, per-positio
 and inter-token latency), `report.md` and `benchmark.png`.
 
 F9: live τ is computed client-side from each finished request's meta_info,
-Σ(spec_num_correct_drafts + spec_verify_ct) / Σ spec_verify_ct (`steps.metrics`), never from the
+Σ(spec_num_correct_drafts + spec_verify_ct) / Σ spec_verify_ct (`steps.lib.metrics`), never from the
 server's cumulative `avg_spec_accept_length`, so it is comparable with verify's offline τ: offline
 good + live ≈ 1 means serving is misconfigured, not training.
 
@@ -32,15 +32,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from steps import serving
-from steps.artifacts import load_tokenizer
-from steps.config import BenchmarkConfig, PipelineConfig, config_dict
-from steps.launch import get_json, post_json
-from steps.metrics import AcceptStats, acceptance_length_from_requests
-from steps.processes import forwarding_signals
-from steps.prompts import chat_token_ids, held_out_prompts, load_humaneval
+from steps.lib.artifacts import load_tokenizer
+from steps.lib.config import BenchmarkConfig, PipelineConfig, config_dict
+from steps.lib.data.prompts import chat_token_ids, held_out_prompts, load_humaneval
+from steps.lib.metrics import AcceptStats, acceptance_length_from_requests
+from steps.lib.runtime.processes import forwarding_signals
+from steps.lib.serving import start as serving
+from steps.lib.serving.launch import get_json, post_json
+from steps.lib.store import Manifest, Store, artifact_id, utc_now
 from steps.registry import step_main
-from steps.store import Manifest, Store, artifact_id, utc_now
 
 STEP = "benchmark"
 #: a request longer than this is a hung server, not a slow one.

@@ -1,12 +1,12 @@
 """Convert: an EAGLE-3 draft directory between the SGLang/official layout and the speculators (vLLM) layout.
 
-Reads: a draft directory in any layout `steps.layouts.detect_layout` knows (`sglang`: eaglenest's or
+Reads: a draft directory in any layout `steps.lib.layouts.detect_layout` knows (`sglang`: eaglenest's or
 SpecForge's `LlamaForCausalLMEagle3` export; `eagle-official`: EAGLE's own `LlamaForCausalLM` +
 `midlayer.*` release; `speculators`: `Eagle3Speculator`). Writes: DST, `config.json` +
 `model.safetensors` only, in the target engine's exact key set and config (the builders of
-`steps/formats/`), then runs the strict checker on it. Prevents F2 (key renames `midlayer.*` ↔
+`steps/lib/formats/`), then runs the strict checker on it. Prevents F2 (key renames `midlayer.*` ↔
 `layers.0.*` done by a table, never left to the loader), F4 (aux layer ids converted through
-`steps/layers.py`: SGLang `eagle_config` ids = internal − 1, vLLM top-level ids = internal) and F7
+`steps/lib/layer_ids.py`: SGLang `eagle_config` ids = internal − 1, vLLM top-level ids = internal) and F7
 (`LlamaForCausalLMEagle3` / `draft_vocab_size` written explicitly; a yuhuili `LlamaForCausalLM`
 release becomes servable by SGLang).
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from steps import formats
-from steps.checks.strict import FormatError
-from steps.layouts import ConvertError, convert
+from steps.lib import formats
+from steps.lib.checks.strict import FormatError
+from steps.lib.layouts import ConvertError, convert
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,12 @@
 """Datagen: the target regenerates the assistant turns, then each conversation is tokenized.
 
-Reads the prompts of `cfg.dataset` (steps/prompts.py) and a target artifact; writes a `dataset`
+Reads the prompts of `cfg.dataset` (steps/lib/data/prompts.py) and a target artifact; writes a `dataset`
 artifact of `conversations/part-{i:05d}.jsonl` chunks, each row `{"id", "source", "messages",
 "input_ids", "loss_mask", "finished"}`. The draft must imitate what *this* target says in the mode
 it is served in (greedy by default), not what some other model once answered: training on foreign
 answers is the cheapest way to a low acceptance rate that no check notices (F9).
 
-Generation runs in-process (`local`: the batched decode loop of `steps/decode.py`, finished rows leaving
+Generation runs in-process (`local`: the batched decode loop of `steps/lib/model/decode.py`, finished rows leaving
 the batch, as many torch threads as the machine's load leaves free) or
 against any OpenAI-compatible server (`openai`: /v1/chat/completions, `concurrency` threads, each
 request retried with doubling waits). No prompt is dropped silently: one that still fails makes the
@@ -30,13 +30,13 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from steps import progress
-from steps.artifacts import conversations_path, inference_device, load_target, load_tokenizer
-from steps.config import DatagenConfig, PipelineConfig
-from steps.decode import cpu_threads, decode, sampling_generator, torch_threads
-from steps.prompts import load_prompts, source_files_sha256
+from steps.lib.artifacts import conversations_path, inference_device, load_target, load_tokenizer
+from steps.lib.config import DatagenConfig, PipelineConfig
+from steps.lib.data.prompts import load_prompts, source_files_sha256
+from steps.lib.model.decode import cpu_threads, decode, sampling_generator, torch_threads
+from steps.lib.runtime import progress
+from steps.lib.store import Manifest, Store, artifact_id, canonical_json
 from steps.registry import step_main
-from steps.store import Manifest, Store, artifact_id, canonical_json
 
 #: prompts per committed chunk: the unit of resume (a crash loses at most one chunk of work).
 CHUNK_PROMPTS = 64
@@ -153,7 +153,7 @@ def stop_token_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
 
 def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: DatagenConfig,
                    seed: int, temperature: float | None = None) -> list[dict[str, Any]]:
-    """Greedy (or seeded sampled) batched decoding: `steps.decode.decode`, finished rows leave the batch."""
+    """Greedy (or seeded sampled) batched decoding: `steps.lib.model.decode.decode`, finished rows leave the batch."""
     stops = stop_token_ids(tokenizer, model.config)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     temperature = dg.temperature if temperature is None else temperature

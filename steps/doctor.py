@@ -9,12 +9,12 @@ Writes nothing; prints one line per check (`--json`: `{"ok", "checks": [{"id", "
 "fix"}]}`) and exits 1 on any FAIL, 2 on an input it cannot find.
 
 The layout comes from an explicit rules table over config.json and the weight keys (never from the
-path, `steps/layouts.py`). The checks are `steps/checks/` (`diagnose`); each names its catalogue row:
+path, `steps/lib/layouts.py`). The checks are `steps/lib/checks/` (`diagnose`); each names its catalogue row:
 - F2 every weight key lands in a parameter of the serving loader (SGLang's/vLLM's own rules,
-  `steps/formats/<engine>.py` `resolve`); dropped keys and their common prefix are named; shapes match config.
+  `steps/lib/formats/<engine>.py` `resolve`); dropped keys and their common prefix are named; shapes match config.
 - F3 `d2t` present when the draft vocab is reduced, int64, offsets (not absolute ids), in range,
-  consistent with `t2d` (`steps.checks.vocab.validate_vocab`).
-- F4 which aux layers the server will capture (convention per layout, `steps.layers`), capturable
+  consistent with `t2d` (`steps.lib.checks.vocab.validate_vocab`).
+- F4 which aux layers the server will capture (convention per layout, `steps.lib.layer_ids`), capturable
   in the target, equal to the layers the draft was trained on when the export manifest records them.
 - F5 `max_position_embeddings` against the target's context. F7 `draft_vocab_size` and architecture.
 - F1 / F6 with `--server`: the served algorithm, a probe's live τ, CUDA graphs, start attempts.
@@ -32,11 +32,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steps.artifacts import served_export, target_dir
-from steps.checks.diagnose import diagnose
-from steps.checks.finding import Finding
-from steps.config import InputError
-from steps.store import ARTIFACT_ID, ArtifactError, open_store, store_uri_for
+from steps.lib.artifacts import served_export, target_dir
+from steps.lib.checks.finding import Finding
+from steps.lib.config import InputError
+from steps.lib.diagnose import diagnose
+from steps.lib.store import ARTIFACT_ID, ArtifactError, open_store, store_uri_for
 
 #: where `--store` points when neither it nor EAGLENEST_STORE is set (the shipped configs' default).
 DEFAULT_STORE = "file://out/store"

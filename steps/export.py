@@ -3,7 +3,7 @@
 Reads: a `draft` artifact (canonical weights + `draft_config.json`) and the `target` artifact's
 config. Writes: an `export` artifact with `sglang/` and `vllm/`, each `config.json` +
 `model.safetensors` (floats in `export.dtype`, `d2t` int64, `t2d` bool). Key names and config
-fields come from the tables in `steps/formats/`; the same tables drive the strict checker,
+fields come from the tables in `steps/lib/formats/`; the same tables drive the strict checker,
 which runs on every written directory before the manifest is committed, so a directory that an
 engine would load wrongly (F2 keys, F3 vocab map, F4 layer ids, F5 context, F7 config) never
 becomes an artifact.
@@ -16,13 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from steps import formats
-from steps.artifacts import load_draft, target_config
-from steps.checks.strict import assert_engine_dir
-from steps.config import PipelineConfig, config_dict, resolve_max_position_embeddings
-from steps.layers import check_capturable, to_engine
+from steps.lib import formats
+from steps.lib.artifacts import load_draft, target_config
+from steps.lib.checks.strict import assert_engine_dir
+from steps.lib.config import PipelineConfig, config_dict, resolve_max_position_embeddings
+from steps.lib.layer_ids import check_capturable, to_engine
+from steps.lib.store import Manifest, Store, artifact_id
 from steps.registry import step_main
-from steps.store import Manifest, Store, artifact_id
 
 STEP = "export"
 
@@ -50,7 +50,7 @@ def draft_layer_ids(meta: dict[str, Any], target_config: dict[str, Any], where: 
 
 def engine_config(engine: str, draft_fields: dict[str, Any], *, layer_ids: list[int], max_pos: int,
                   cfg: PipelineConfig, target_config: dict[str, Any]) -> dict[str, Any]:
-    """config.json for one engine, built by its builder in steps/formats/ (the ENGINES registry)."""
+    """config.json for one engine, built by its builder in steps/lib/formats/ (the ENGINES registry)."""
     return formats.CONFIG_BUILDERS[engine](
         draft_fields, layer_ids=layer_ids, max_position_embeddings=max_pos, dtype=cfg.export.dtype,
         verifier_name_or_path=verifier_name(cfg),

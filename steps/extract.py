@@ -1,22 +1,23 @@
 """Extract: the target's aux and final hidden states for every dataset token, in rounds under a disk budget.
 
 Reads a `target` artifact and a `dataset` artifact (tokenized conversations with loss masks);
-writes a `hidden` artifact of shards (`steps/shards.py`), each holding whole sequences.
+writes a `hidden` artifact of shards (`steps/lib/data/shards.py`), each holding whole sequences.
 
 Hidden states are huge (a 7168-wide target in bf16 costs 57 KB per token with three aux layers),
 so F8 is the failure this step exists to prevent: 21M tokens filled 924 GB and 5× more data could
-not fit a 1.8 TB disk. Local disk is therefore bounded by `extract.disk_budget`: a shard is
-written only when its size bound fits beside the shards still awaiting upload, and each shard is
-uploaded, verified in the store and deleted locally as soon as it is written. Capture (the GPU,
-`steps/capture.py`), writes and uploads (two host threads, `steps/shard_writer.py`) overlap, so the
-target runs at the speed of its bare forward while the host keeps up. Peak local bytes are measured
-on disk (real file sizes, not estimates) and recorded in the manifest; `rounds` counts the
-budget-fulls the data makes. A shard is the unit of resume: shard i always holds the same sequences,
-an uploaded shard is never recomputed, and a killed run loses at most the shards in flight.
+not fit a 1.8 TB disk. Local disk is therefore bounded by `extract.disk_budget`: a shard is written only
+when its size bound fits beside the shards still awaiting upload, and each shard is uploaded, verified in
+the store and deleted locally as soon as it is written. Capture (the GPU,
+`steps/lib/extraction/capture.py`), writes and uploads (two host threads,
+`steps/lib/extraction/shard_writer.py`) overlap, so the target runs at the speed of its bare forward
+while the host keeps up. Peak local bytes are measured on disk (real file sizes, not estimates) and
+recorded in the manifest; `rounds` counts the budget-fulls the data makes. A shard is the unit of resume:
+shard i always holds the same sequences, an uploaded shard is never recomputed, and a killed run loses at
+most the shards in flight.
 
 The captured layers are recorded in the internal convention (F4: HF `hidden_states` index,
 i = input of decoder layer i); the `sglang` backend converts to SGLang's ids (internal − 1)
-through `steps/layers.py` and refuses a server that captures other layers.
+through `steps/lib/layer_ids.py` and refuses a server that captures other layers.
 
 On several GPUs (`torchrun --nproc-per-node N -m steps.extract ...`) each rank loads its own replica
 of the target and takes a contiguous range of the shards still to do; the disk budget is shared
@@ -38,15 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steps import distributed
-from steps.artifacts import read_conversations, target_config
-from steps.capture import CaptureBackend, make_backend
-from steps.checks.disk import check_disk_budget
-from steps.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
+from steps.lib.artifacts import read_conversations, target_config
+from steps.lib.checks.disk import check_disk_budget
+from steps.lib.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
+from steps.lib.data.shards import bytes_per_token, shard_bytes_bound, write_encoded
+from steps.lib.extraction.capture import CaptureBackend, make_backend
+from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
+from steps.lib.runtime import distributed
+from steps.lib.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
 from steps.registry import step_main
-from steps.shard_writer import ShardJob, ShardWriter
-from steps.shards import bytes_per_token, shard_bytes_bound, write_encoded
-from steps.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
 
 log = logging.getLogger("eaglenest.extract")
 
@@ -191,9 +192,9 @@ def upload_and_verify(writer: ArtifactWriter, plan: ShardPlan) -> dict[str, Any]
     """Upload a shard, check it landed whole, delete the local copy (F8)."""
     rec = writer.upload(plan.path, delete_local=True,  # upload() checks the landed size
                         extra={"tokens": plan.tokens, "sequences": len(plan.sequences)})
-    landed = writer.store.local_path(f"{writer.key}/{plan.path}")
+    landed = writer.landed_path(plan.path)
     if landed is not None and sha256_file(landed) != rec["sha256"]:
-        raise ArtifactError(f"{writer.store.artifact_uri('hidden', writer.manifest.id)}/{plan.path}: "
+        raise ArtifactError(f"{writer.artifact_uri}/{plan.path}: "
                             "sha256 of the uploaded copy differs from the local shard; re-run extract")
     return rec
 
@@ -203,7 +204,7 @@ def check_resumed(writer: ArtifactWriter, plans: list[ShardPlan]) -> None:
     for p in plans:
         rec = writer.uploaded(p.path)
         if rec and (rec.get("tokens"), rec.get("sequences")) != (p.tokens, len(p.sequences)):
-            raise ArtifactError(f"{writer.store.artifact_uri('hidden', writer.manifest.id)}/{p.path}: uploaded "
+            raise ArtifactError(f"{writer.artifact_uri}/{p.path}: uploaded "
                                 f"by an earlier run with {rec.get('tokens')} tokens / {rec.get('sequences')} "
                                 f"sequences, but the plan says {p.tokens} / {len(p.sequences)}; the dataset "
                                 "changed under the same id. Delete the unfinished artifact folder and re-run")

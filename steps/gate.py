@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from steps.artifacts import export_dir, target_dir
-from steps.checks.cuda_graph import check_cuda_graph
-from steps.checks.diagnose import diagnose as run_doctor
-from steps.checks.diagnose import served_algorithm
-from steps.config import GateConfig, PipelineConfig, config_dict
+from steps.lib.artifacts import export_dir, target_dir
+from steps.lib.checks.cuda_graph import check_cuda_graph
+from steps.lib.config import GateConfig, PipelineConfig, config_dict
+from steps.lib.diagnose import diagnose as run_doctor
+from steps.lib.diagnose import served_algorithm
+from steps.lib.store import Manifest, Store, artifact_id
 from steps.registry import step_main
-from steps.store import Manifest, Store, artifact_id
 
 STEP = "gate"
 #: rows whose cause is the serving command, which a relaunch from the derived command fixes.

@@ -23,11 +23,11 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from steps.artifacts import VOCAB_FILE, read_conversations, target_config
-from steps.checks.vocab import validate_vocab
-from steps.config import resolve_draft_vocab_size
+from steps.lib.artifacts import VOCAB_FILE, read_conversations, target_config
+from steps.lib.checks.vocab import validate_vocab
+from steps.lib.config import resolve_draft_vocab_size
+from steps.lib.store import Manifest, Store, artifact_id
 from steps.registry import step_main
-from steps.store import Manifest, Store, artifact_id
 
 # --- build -----------------------------------------------------------------------------
 

@@ -134,7 +134,7 @@ def version() -> str:
     try:
         return dist_version("eaglenest")
     except PackageNotFoundError:
-        from steps.store import CODE_VERSION
+        from steps.lib.store import CODE_VERSION
 
         return CODE_VERSION
 
@@ -173,8 +173,8 @@ class UsageError(Exception):
 def _expected_errors() -> tuple[type[BaseException], ...]:
     import yaml
 
-    from steps.config import ConfigError, InputError
-    from steps.store import ArtifactError
+    from steps.lib.config import ConfigError, InputError
+    from steps.lib.store import ArtifactError
 
     return (UsageError, ConfigError, InputError, ArtifactError, OSError, json.JSONDecodeError, yaml.YAMLError,
             *_s3_errors())
@@ -192,9 +192,9 @@ def _s3_errors() -> tuple[type[BaseException], ...]:
 
 def _one_line(err: BaseException) -> str:
     """The problem and its fix, on one line (URLs without their credentials)."""
-    from steps.config import ConfigError
-    from steps.secrets import redact_text
-    from steps.store import ArtifactError
+    from steps.lib.config import ConfigError
+    from steps.lib.runtime.redaction import redact_text
+    from steps.lib.store import ArtifactError
 
     if isinstance(err, UsageError):
         return redact_text(str(err))
@@ -219,7 +219,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def _open_store(explicit: str | None, configured: str) -> Any:
-    from steps.store import open_store, store_uri_for
+    from steps.lib.store import open_store, store_uri_for
 
     uri = store_uri_for(explicit, configured)
     try:
@@ -235,7 +235,7 @@ def _input_ids(step: Step, args: argparse.Namespace, cfg: Any, store: Any) -> li
         if value is None and name == "target":
             # the target is a function of the config: name it, never run the target step (a step never runs
             # another); the store says whether it exists
-            from steps.artifacts import target_artifact_id
+            from steps.lib.artifacts import target_artifact_id
 
             value = target_artifact_id(cfg)
             if not store.exists("target", value):
@@ -252,7 +252,7 @@ def _input_ids(step: Step, args: argparse.Namespace, cfg: Any, store: Any) -> li
 def _check_input_id(store: Any, kind: str, value: str, producer: str) -> None:
     """An input id is exactly 16 hex digits (nothing path-like reaches the store) and names a committed
     artifact of that kind: its manifest says so (a hidden id passed as --draft is refused here)."""
-    from steps.store import ARTIFACT_ID
+    from steps.lib.store import ARTIFACT_ID
 
     if not ARTIFACT_ID.fullmatch(value):
         raise UsageError(f"--{kind} {value!r} is not an artifact id — ids are 16 hex digits, as `eaglenest "
@@ -265,7 +265,7 @@ def _is_rank_zero() -> bool:
 
 
 def _run(step: Step, args: argparse.Namespace) -> int:
-    from steps.config import find_config, load_config
+    from steps.lib.config import find_config, load_config
 
     cfg = load_config(find_config(args.config), args.overrides)
     module = importlib.import_module(step.module)
@@ -281,7 +281,7 @@ def _run(step: Step, args: argparse.Namespace) -> int:
         manifest = module.run(cfg, store, *ids, **options)
     finally:
         if step.distributed:
-            from steps import distributed
+            from steps.lib.runtime import distributed
 
             distributed.shutdown()
     if step.distributed and not _is_rank_zero():  # one answer per torchrun job
@@ -307,8 +307,8 @@ def record(step: str, store: Any, manifest: Any, seconds: float) -> dict[str, An
 
 def open_config(config: str, overrides: list[str] | None, store_uri: str | None) -> tuple[Any, Any]:
     """(the config, the store it names or `store_uri` overrides)."""
-    from steps.config import find_config, load_config
-    from steps.store import open_store, store_uri_for
+    from steps.lib.config import find_config, load_config
+    from steps.lib.store import open_store, store_uri_for
 
     cfg = load_config(find_config(config), overrides)
     return cfg, open_store(store_uri_for(store_uri, cfg.store))
@@ -351,8 +351,8 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
     args = parser_for(step).parse_args(sys.argv[1:] if argv is None else argv)
     # steps log their progress (rounds, losses) with `logging`: to stderr, so stdout is only the result
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from steps import progress
-    from steps.secrets import install_log_redaction
+    from steps.lib.runtime import progress
+    from steps.lib.runtime.redaction import install_log_redaction
 
     install_log_redaction()   # a server URL's user-info or token never reaches a log line
     progress.install_from_environment()

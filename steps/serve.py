@@ -4,9 +4,9 @@ Reads: an exported SGLang draft directory (`config.json`, `model.safetensors`), 
 path and its `config.json`, and the `serve` / `target` config sections.
 Writes: the server log (stdout + stderr) and a record of every start attempt
 `{command, cuda_graph, outcome, seconds}`; `run` also writes a `serve` artifact (command,
-attempts, endpoint, log snapshots, smoke-test τ). The machinery is `steps/serving.py` (benchmark
+attempts, endpoint, log snapshots, smoke-test τ). The machinery is `steps/lib/serving/start.py` (benchmark
 starts its servers with it too); this module is the step and its CLI. `serve.engine: reference` launches
-`steps.reference_server` with the very same argv, so the pipeline runs for real on a CPU.
+`steps.lib.reference.server` with the very same argv, so the pipeline runs for real on a CPU.
 
 The launch command is derived from the exported checkpoint and the config, never typed by hand,
 and a preflight reads the draft's `config.json` against the command before anything starts:
@@ -32,13 +32,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from steps.artifacts import served_export
-from steps.config import PipelineConfig
-from steps.launch import ServerStartError, launch_with_fallback
-from steps.processes import forwarding_signals
+from steps.lib.artifacts import served_export
+from steps.lib.config import PipelineConfig
+from steps.lib.runtime.processes import forwarding_signals
+from steps.lib.serving.launch import ServerStartError, launch_with_fallback
+from steps.lib.serving.start import LAUNCHERS, build_sglang_command, health_url_for, preflight, start, target_config_for
+from steps.lib.store import store_uri_for
 from steps.registry import UsageError, step_main
-from steps.serving import LAUNCHERS, build_sglang_command, health_url_for, preflight, start, target_config_for
-from steps.store import store_uri_for
 
 
 def run(cfg: PipelineConfig, store: Any, export_id: str, target_id: str, *,

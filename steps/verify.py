@@ -1,7 +1,7 @@
 """Verify: offline τ of an exported SGLang draft with the reference engine, before any serving (F9).
 
 Reads: an `export` artifact's `sglang/` directory — loaded with SGLang's own key rules
-(`steps.formats.sglang_loader.load_sglang_draft`: dropped keys stay random, d2t → hot ids, the target's
+(`steps.lib.formats.sglang_loader.load_sglang_draft`: dropped keys stay random, d2t → hot ids, the target's
 embedding), so a broken export shows here as τ ≈ 1 (F2, F3) — and the `target` artifact; the
 capture layers are read back from the exported `eagle_config` and converted as SGLang does (F4).
 Held-out prompts: MT-bench first turns (`verify.categories`, `verify.num_prompts`) in the target's
@@ -21,15 +21,15 @@ import json
 import time
 from typing import Any
 
-from steps.artifacts import export_dir, inference_device, load_target
-from steps.config import PipelineConfig, config_dict
-from steps.engine import Engine
-from steps.formats.sglang import sglang_layer_ids
-from steps.formats.sglang_loader import load_sglang_draft
-from steps.metrics import AcceptStats
-from steps.prompts import held_out_prompts, in_distribution_prompts
+from steps.lib.artifacts import export_dir, inference_device, load_target
+from steps.lib.config import PipelineConfig, config_dict
+from steps.lib.data.prompts import held_out_prompts, in_distribution_prompts
+from steps.lib.formats.sglang import sglang_layer_ids
+from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.metrics import AcceptStats
+from steps.lib.model.reference_engine import Engine
+from steps.lib.store import Manifest, Store, artifact_id
 from steps.registry import step_main
-from steps.store import Manifest, Store, artifact_id
 
 STEP = "verify"
 

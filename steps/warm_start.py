@@ -20,7 +20,7 @@ def preload() -> None:
     import torch  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
-    import steps.artifacts  # noqa: F401
+    import steps.lib.artifacts  # noqa: F401
     import steps.registry  # noqa: F401
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from steps import artifacts, formats
-from steps.config import parse_config
-from steps.draft import DraftConfig, Eagle3Draft
-from steps.store import open_store
+from steps.lib import artifacts, formats
+from steps.lib.config import parse_config
+from steps.lib.model.draft import DraftConfig, Eagle3Draft
+from steps.lib.store import open_store
 
 #: the draft's canonical names, what SGLang's EAGLE-3 drafts (SpecForge, EAGLE official) and eaglenest write: the
 #: `midlayer.` layout (pinned against SGLang 0.5.23's loader: see tests/unit/test_formats.py).
@@ -317,7 +317,7 @@ def bigram_world(root: Path, port: int, *, num_steps: int = 3, layer_ids=LAYER_I
 # --- checkpoint layouts: one tiny draft as each producer lays it out (doctor, convert) -------------------
 #
 # Each builder writes the same seeded draft (`layout_draft_state`) as one producer writes it; sources:
-# - eaglenest `sglang/` and `vllm/`: `steps.formats.write_engine_dir` with `sglang_config` / `vllm_config`.
+# - eaglenest `sglang/` and `vllm/`: `steps.lib.formats.write_engine_dir` with `sglang_config` / `vllm_config`.
 # - SpecForge's SGLang export: config fields of sgl-project/SpecForge@82b62f6ebe950866925384d4c90f62aa3594934f
 #   `configs/llama3-70B-ealge3.json` (architectures ["LlamaForCausalLMEagle3"], model_type llama,
 #   num_hidden_layers 1, draft_vocab_size, tie_word_embeddings false, torch_dtype, rope_theta, no
@@ -327,7 +327,7 @@ def bigram_world(root: Path, port: int, *, num_steps: int = 3, layer_ids=LAYER_I
 #   `src/speculators/models/eagle3/config.py` (`Eagle3SpeculatorConfig`: speculators_model_type "eagle3",
 #   architectures ["Eagle3Speculator"], transformer_layer_config, draft_vocab_size, norm_before_residual,
 #   target_hidden_size, eagle_aux_hidden_state_layer_ids, embed_requires_grad) and the `midlayer.` →
-#   `layers.0.` rename of `convert/eagle/eagle3_converter.py` (as cited in steps/formats.py).
+#   `layers.0.` rename of `convert/eagle/eagle3_converter.py` (as cited in steps/lib/formats.py).
 # - EAGLE official (yuhuili/EAGLE3-*): SafeAILab/EAGLE `eagle/model/cnets.py` (`Model`: `embed_tokens`,
 #   `fc`, `midlayer`, `norm`, `lm_head`, `d2t`/`t2d` buffers) and the released config.json with
 #   architectures ["LlamaForCausalLM"] and no eagle_config (shared/reference/sglang.md §1.1, §5).
@@ -351,7 +351,7 @@ def layout_draft_state(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def eaglenest_layout(root: Path, engine: str, **build) -> Path:
     """root/<engine>: eaglenest's own `sglang` or `vllm` export dir; `layer_ids` (internal) overrides the ids."""
-    from steps import formats
+    from steps.lib import formats
 
     fields = {k: v for k, v in LAYOUT_DRAFT.items() if k != "num_aux"}
     config = formats.CONFIG_BUILDERS[engine](
@@ -470,7 +470,7 @@ def mapping_world(tmp_path) -> dict:
     step CLI or a step process needs to run `mapping` for real in a test."""
     import yaml
 
-    from steps.store import open_store
+    from steps.lib.store import open_store
 
     store = open_store(f"file://{tmp_path}/store")
     t = store.begin("target", MAPPING_TARGET, step="target")

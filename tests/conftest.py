@@ -143,8 +143,8 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory):
     import time
 
     from steps import target
-    from steps.config import load_config
-    from steps.store import open_store
+    from steps.lib.config import load_config
+    from steps.lib.store import open_store
 
     store = open_store(f"file://{tmp_path_factory.mktemp('tiny-target')}")
     started = time.perf_counter()

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from steps.config import load_config, section_hash
-from steps.store import MANIFEST, ArtifactError, Manifest, Store, artifact_id, open_store
+from steps.lib.config import load_config, section_hash
+from steps.lib.store import MANIFEST, ArtifactError, Manifest, Store, artifact_id, open_store
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET_ID, SECRET_KEY = "AKIAEAGLENESTSECRETID", "eaglenest/SECRET+do-not-write-me"
@@ -100,7 +100,7 @@ class StoreContract:
         script = textwrap.dedent(f"""
             import os, sys
             sys.path.insert(0, {str(REPO)!r})
-            from steps.store import open_store
+            from steps.lib.store import open_store
             store = open_store({store.uri!r}, cache_dir={str(store.cache_dir)!r}, endpoint_url={endpoint!r})
             w = store.begin("hidden", "kill000000000001", step="extract")
             w.path("shards/shard-00000.safetensors").write_bytes(b"x" * 5000)
@@ -319,7 +319,7 @@ class StoreContract:
         return textwrap.dedent(f"""
             import sys, time
             sys.path.insert(0, {str(REPO)!r})
-            from steps.store import open_store
+            from steps.lib.store import open_store
             store = open_store({store.uri!r}, cache_dir={str(store.cache_dir)!r} + "-{tag}", endpoint_url={endpoint!r})
             w = store.begin("hidden", {art_id!r}, step="extract")
             if w.reused is None:
@@ -403,7 +403,7 @@ class StoreContract:
     # --- maintenance: `eaglenest store verify|gc` (issue 11) -----------------------------------------
 
     def test_store_verify_hashes_every_artifact_and_names_the_corrupt_one(self, store: Store):
-        from steps.store import verify_all
+        from steps.lib.store import verify_all
 
         write_artifact(store, "draft", "dddd000000000001", {"m.bin": os.urandom(2048)})
         write_artifact(store, "export", "eeee000000000001", {"s/m.bin": os.urandom(2048)})
@@ -423,7 +423,7 @@ class StoreContract:
     def test_gc_removes_debris_orphans_and_expired_leases_and_keeps_a_live_writer(self, store: Store):
         import socket
 
-        from steps.store import LEASE, collect_garbage
+        from steps.lib.store import LEASE, collect_garbage
 
         sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from steps import artifacts
+from steps.lib import artifacts
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERS = REPO / "containers"
@@ -107,8 +107,8 @@ def tiny_world(tmp_path_factory) -> dict:
     import yaml
 
     from steps import target
-    from steps.config import load_config
-    from steps.store import open_store
+    from steps.lib.config import load_config
+    from steps.lib.store import open_store
     from tests.builders import LAYER_IDS, bigram_target_dir, copying_draft, put_draft
 
     root = tmp_path_factory.mktemp("world")
@@ -132,7 +132,7 @@ def tiny_world(tmp_path_factory) -> dict:
 def tiny_export(tiny_world) -> dict:
     """tiny_world's draft exported by the real export step on the host (SGLang + vLLM directories)."""
     from steps import export
-    from steps.config import load_config
+    from steps.lib.config import load_config
 
     w = tiny_world
     export_id = export.run(load_config(w["config"]), w["store"], w["draft_id"], w["target_id"]).id

@@ -81,8 +81,8 @@ def test_serve_image_refuses_a_draft_that_fails_preflight(tiny_export, tmp_path)
     (("mapping", "--config", "configs/tiny.yaml"), ["eaglenest", "mapping", "--config", "configs/tiny.yaml"]),
     (("serve", "--draft", "d"), ["eaglenest", "serve", "--draft", "d"]),
     (("prefect", "flow-run", "execute"), ["prefect", "flow-run", "execute"]),   # Prefect workers' command
-    (("python", "-m", "steps.reference_server", "--port", "1"),
-     ["python", "-m", "steps.reference_server", "--port", "1"]),
+    (("python", "-m", "steps.lib.reference.server", "--port", "1"),
+     ["python", "-m", "steps.lib.reference.server", "--port", "1"]),
     ((), ["eaglenest", "--help"]),
 ])
 def test_entrypoint_dispatches_eaglenest_commands_and_passes_others_through(args, expected):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from steps import artifacts
+from steps.lib import artifacts
 from tests.containers.conftest import podman
 
 pytestmark = pytest.mark.images
@@ -77,7 +77,7 @@ def test_reference_server_in_the_cpu_image_answers_health(exported_in_image, ima
     port = argv[argv.index("--port") + 1]
     started = podman("run", "-d", "--network", "none", f"-v={world_volume(w)}",
                      f"-e=EAGLENEST_HEALTH_URL=http://127.0.0.1:{port}/health", image,
-                     "python", "-m", "steps.reference_server", *argv[3:], timeout=120)
+                     "python", "-m", "steps.lib.reference.server", *argv[3:], timeout=120)
     container = started.stdout.strip()
     try:
         deadline = time.monotonic() + HEALTHY_DEADLINE_S

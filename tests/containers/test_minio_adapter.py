@@ -23,7 +23,7 @@ import pytest
 
 from flows.dataset_trigger import EVENT, dataset_event
 from flows.minio_adapter import events_from_notification, make_server
-from steps.store import open_store
+from steps.lib.store import open_store
 from tests.builders import free_port
 
 ETAG = "5d41402abc4b2a76b9719d911017c592"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.store import open_store
+from steps.lib.store import open_store
 
 #: How far the trained tiny draft must beat the untrained one (τ 1.00 everywhere). Measured τ of the trained
 #: draft (benchmarks/tiny_tau_spread.py, benchmarks/README.md): 1.39-1.80 over seeds 0-3 (1.67 at the config's

@@ -45,9 +45,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from steps import mapping, target  # noqa: E402
-from steps.artifacts import DRAFT_LOG_FILE, DRAFT_MODEL_FILE  # noqa: E402
-from steps.config import load_config  # noqa: E402
-from steps.store import ArtifactError, Store, open_store  # noqa: E402
+from steps.lib.artifacts import DRAFT_LOG_FILE, DRAFT_MODEL_FILE  # noqa: E402
+from steps.lib.config import load_config  # noqa: E402
+from steps.lib.store import ArtifactError, Store, open_store  # noqa: E402
 from tests.builders import put_token_dataset, tiny_hf_config  # noqa: E402
 
 VOCAB, DATASET_ID, BUCKET = 320, "da7a5e7000000001", "faults"

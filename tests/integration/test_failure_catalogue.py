@@ -8,7 +8,7 @@ orthonormal embeddings, so the next token is a fixed function B(x). The draft is
 aux layers [1, 2, 3]; its `fc` reads the first aux state (E[x]) and its head scores B(B(x)), so its
 first drafted token is always right (τ ≈ 2 with 4 steps; measured in `test_healthy_export_accepts_tokens`).
 Every broken variant is that export with one thing wrong. "Forced" means the reference server
-(`steps.reference_server`, SGLang's lenient loader rules) is started directly on it, skipping
+(`steps.lib.reference.server`, SGLang's lenient loader rules) is started directly on it, skipping
 eaglenest's refusal; live τ is computed client-side from per-request meta_info.
 
 F5 and F7 do not collapse τ: like SGLang, the forced server fails loudly at startup (F5: SGLang's
@@ -26,14 +26,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from steps import doctor, serving
-from steps import launch as launching
-from steps.checks import strict
-from steps.checks.diagnose import diagnose
-from steps.checks.finding import Finding
-from steps.checks.tau import ZERO_ACCEPTANCE_TAU
-from steps.config import find_config, load_config
-from steps.metrics import acceptance_length_from_requests
+from steps import doctor
+from steps.lib.checks import strict
+from steps.lib.checks.finding import Finding
+from steps.lib.checks.tau import ZERO_ACCEPTANCE_TAU
+from steps.lib.config import find_config, load_config
+from steps.lib.diagnose import diagnose
+from steps.lib.metrics import acceptance_length_from_requests
+from steps.lib.serving import launch as launching
+from steps.lib.serving import start as serving
 from tests.builders import (
     CATALOGUE_H,
     CATALOGUE_LAYER_IDS,
@@ -51,7 +52,7 @@ from tests.builders import (
 V, H, N, LAYER_IDS = CATALOGUE_V, CATALOGUE_H, CATALOGUE_N, CATALOGUE_LAYER_IDS
 STEPS = 4
 REPO = Path(__file__).resolve().parents[2]
-LAUNCHER = (sys.executable, "-m", "steps.reference_server")
+LAUNCHER = (sys.executable, "-m", "steps.lib.reference.server")
 PROMPTS = ["def fib(n):", "The quick brown fox", "import numpy as np", "Hello, world"]
 ZERO = ZERO_ACCEPTANCE_TAU
 

@@ -25,10 +25,10 @@ from uuid import UUID
 
 import pytest
 
-from steps import serving
-from steps.config import find_config, load_config
-from steps.launch import launch
-from steps.store import open_store
+from steps.lib.config import find_config, load_config
+from steps.lib.serving import start as serving
+from steps.lib.serving.launch import launch
+from steps.lib.store import open_store
 from tests.builders import free_port
 
 pytestmark = pytest.mark.slow
@@ -145,7 +145,7 @@ def gate_decisions(stack, spec_url: str) -> list[dict]:
 
 def start_reference_server(stack, port: int, algorithm: str):
     """The production export served by the reference engine with a hand-typed algorithm flag."""
-    from steps.artifacts import export_dir, target_dir
+    from steps.lib.artifacts import export_dir, target_dir
 
     store = open_store(stack.store_uri)
     cfg = load_config(find_config("tiny"))

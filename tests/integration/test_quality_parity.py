@@ -17,7 +17,7 @@ import torch
 
 from benchmarks import tau_curve
 from benchmarks.quality_parity import DEFAULT_VENV, ROOT, speculators_batch
-from steps.training.plan import Batch
+from steps.lib.training.plan import Batch
 
 pytestmark = pytest.mark.slow
 

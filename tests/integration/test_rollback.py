@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.store import ArtifactError, open_store
+from steps.lib.store import ArtifactError, open_store
 
 pytestmark = pytest.mark.slow
 

@@ -32,10 +32,11 @@ from typing import Any
 import pytest
 import torch
 
-from steps import artifacts, export, extract, formats, mapping, target, train
-from steps.checks.diagnose import diagnose
-from steps.formats.sglang_loader import load_sglang_draft
-from steps.store import open_store
+from steps import export, extract, mapping, target, train
+from steps.lib import artifacts, formats
+from steps.lib.diagnose import diagnose
+from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.store import open_store
 from tests.builders import (
     CATALOGUE_LAYER_IDS,
     build_target,
@@ -181,7 +182,7 @@ def test_the_judge_is_sglang_0_5_23(judged):
 def test_sglang_builds_its_eagle3_draft_and_loads_without_any_stand_in(judged, name):
     v = verdict(judged, name)
     assert v["model_class"] == "LlamaForCausalLMEagle3"
-    assert set(v["parameters"]) == SGLANG_PARAMS           # steps/formats.py's table is SGLang's model
+    assert set(v["parameters"]) == SGLANG_PARAMS           # steps/lib/formats.py's table is SGLang's model
     assert v["stub_uses_during_load"] == []
     assert v["unfillable"] == []
     # buffers are computed at construction (rotary caches), never loaded from a checkpoint
@@ -190,7 +191,7 @@ def test_sglang_builds_its_eagle3_draft_and_loads_without_any_stand_in(judged, n
 
 @pytest.mark.parametrize("name", ["ours", "catalogue-healthy", *BROKEN])
 def test_steps_formats_resolves_every_key_where_sglang_puts_it(judged, name):
-    """The lenient loader's rules (steps/formats.sglang.resolve, used by the reference engine and doctor)
+    """The lenient loader's rules (steps/lib/formats.sglang.resolve, used by the reference engine and doctor)
     against SGLang's own: the same parameter per key, the same keys dropped, d2t and t2d alike."""
     v = verdict(judged, name)
     for key, seen in v["keys"].items():

@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 import torch
 
-from steps import export, serving, train
-from steps.config import PipelineConfig, load_config, resolve_aux_layer_ids, resolve_max_position_embeddings
+from steps import export, train
+from steps.lib.config import PipelineConfig, load_config, resolve_aux_layer_ids, resolve_max_position_embeddings
+from steps.lib.serving import start as serving
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the judge's interpreter; EAGLENEST_SGLANG_PYTHON points at another SGLang 0.5.23 install.

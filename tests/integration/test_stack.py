@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from flows.prefect_setup import save_result_storage
-from steps.store import open_store
+from steps.lib.store import open_store
 from tests.conftest import S3_BUCKET, eaglenest
 
 pytestmark = pytest.mark.slow

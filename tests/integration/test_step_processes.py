@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from steps import mapping, target
-from steps.artifacts import DRAFT_LOG_FILE
-from steps.config import load_config
-from steps.store import Store, open_store
+from steps.lib.artifacts import DRAFT_LOG_FILE
+from steps.lib.config import load_config
+from steps.lib.store import Store, open_store
 from tests.builders import free_port, put_token_dataset, tiny_hf_config
 from tests.conftest import S3_BUCKET
 

@@ -1,4 +1,4 @@
-"""steps/store/ over s3:// against a real S3 protocol peer: moto's server on 127.0.0.1 (the
+"""steps/lib/store/ over s3:// against a real S3 protocol peer: moto's server on 127.0.0.1 (the
 `s3_endpoint` fixture in tests/conftest.py), spoken to over HTTP through boto3's `endpoint_url` (no
 in-process mocks). The behaviour is the same `StoreContract` (tests/store_contract.py) that
 tests/unit/test_store.py runs over file://; S3-only checks follow it.
@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from steps.store import ArtifactError, S3Backend, Store, open_store
+from steps.lib.store import ArtifactError, S3Backend, Store, open_store
 from tests.conftest import S3_BUCKET as BUCKET
 
 pytest.register_assert_rewrite("tests.store_contract")  # before the import: failed contract asserts show values

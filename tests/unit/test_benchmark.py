@@ -12,9 +12,10 @@ import socket
 
 import pytest
 
-from steps import benchmark, prompts
-from steps import launch as launching
-from steps.config import BenchmarkConfig
+from steps import benchmark
+from steps.lib.config import BenchmarkConfig
+from steps.lib.data import prompts
+from steps.lib.serving import launch as launching
 from tests.builders import bigram_world, cli_record, free_port, record_of
 
 LAYER_IDS, K = [1, 2, 3], 3

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from steps.checks.finding import Finding
-from steps.checks.registry import CATALOGUE, module_of
+from steps.lib.checks.finding import Finding
+from steps.lib.checks.registry import CATALOGUE, module_of
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [f"F{i}" for i in range(1, 10)]
@@ -45,7 +45,7 @@ def test_there_is_one_finding_type():
     defined = sorted(_module(p) for p in (ROOT / "steps").rglob("*.py")
                      for node in ast.walk(ast.parse(p.read_text()))
                      if isinstance(node, ast.ClassDef) and node.name == "Finding")
-    assert defined == ["steps.checks.finding"]
+    assert defined == ["steps.lib.checks.finding"]
 
 
 def test_a_finding_prints_where_and_keeps_the_report_json_shape():
@@ -58,7 +58,7 @@ def test_a_finding_prints_where_and_keeps_the_report_json_shape():
 def test_f4_deepseek_rule_is_one_rule_in_both_conventions():
     """The old serve check (SGLang ids[0] != 1) and doctor check (internal ids[0] != 2) were one rule written
     in two conventions (SGLang = internal − 1, sglang.md §3.3): the one check now agrees with both."""
-    from steps.checks.layers import check_aux_layers
+    from steps.lib.checks.layers import check_aux_layers
 
     target = {"num_hidden_layers": 8, "architectures": ["DeepseekV3ForCausalLM"]}
     for sglang_ids in ([1, 3, 5], [0, 3, 5], [2, 4, 6]):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from steps.lib.store import open_store
 from steps.registry import STEPS, step_main, version
-from steps.store import open_store
 from tests.builders import MAPPING_DATASET, MAPPING_TARGET, mapping_world
 
 ROOT = Path(__file__).resolve().parents[2]

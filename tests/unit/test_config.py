@@ -1,4 +1,4 @@
-"""steps/config.py: every shipped config validates, errors name the file and the field, derived
+"""steps/lib/config.py: every shipped config validates, errors name the file and the field, derived
 values (aux ids, draft shape, draft context) are computed once and correctly."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from steps.config import (
+from steps.lib.config import (
     CONFIGS_DIR,
     ConfigError,
     PipelineConfig,

@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from steps import convert, layouts
-from steps.checks import strict
-from steps.checks.diagnose import diagnose, read_checkpoint
+from steps import convert
+from steps.lib import layouts
+from steps.lib.checks import strict
+from steps.lib.diagnose import diagnose, read_checkpoint
 from tests.builders import (
     LAYOUT_LAYER_IDS,
     LAYOUT_N,

@@ -14,10 +14,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from steps import artifacts
 from steps import datagen as D  # noqa: E402
-from steps.config import load_config  # noqa: E402
-from steps.store import open_store, sha256_file  # noqa: E402
+from steps.lib import artifacts
+from steps.lib.config import load_config  # noqa: E402
+from steps.lib.store import open_store, sha256_file  # noqa: E402
 from tests.conftest import TINY_PRETRAIN  # noqa: E402
 
 PROMPTS = ["What does `json.dumps` do? Explain briefly.", "Name three colors.", "Who are you?",

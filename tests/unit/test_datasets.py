@@ -19,9 +19,9 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows import dataset_trigger as datasets
 from flows.dataset_trigger import EVENT, check_dataset, dataset_event, list_datasets, upload_dataset
-from steps.config import PromptSource
-from steps.prompts import load_source
-from steps.store import open_store
+from steps.lib.config import PromptSource
+from steps.lib.data.prompts import load_source
+from steps.lib.store import open_store
 from tests.conftest import S3_BUCKET as BUCKET  # the `s3_endpoint` moto server fixture is in tests/conftest.py
 
 URI = "s3://bucket/prefix/datasets/chats/part-1.jsonl"
@@ -243,8 +243,8 @@ def test_prompts_read_a_file_source_given_as_a_file_store_uri(tmp_path):
 
 def test_the_pipelines_dataset_parameter_makes_the_upload_its_only_prompt_source(tmp_path):
     from flows.pipeline import dataset_overrides
-    from steps.config import find_config, load_config
-    from steps.prompts import load_prompts
+    from steps.lib.config import find_config, load_config
+    from steps.lib.data.prompts import load_prompts
 
     store = open_store(f"file://{tmp_path / 'store'}")
     record, _ = upload_dataset(store, write_jsonl(tmp_path / "chats.jsonl", GOOD_ROWS), "support")

@@ -10,10 +10,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from steps import artifacts  # noqa: E402
 from steps.datagen import stop_token_ids  # noqa: E402
-from steps.decode import cpu_threads, decode, generate_reference, torch_threads  # noqa: E402
-from steps.prompts import chat_token_ids  # noqa: E402
+from steps.lib import artifacts  # noqa: E402
+from steps.lib.data.prompts import chat_token_ids  # noqa: E402
+from steps.lib.model.decode import cpu_threads, decode, generate_reference, torch_threads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -21,12 +21,12 @@ import torch.multiprocessing as mp
 import yaml
 from safetensors.torch import load_file, save_file
 
-from steps import distributed
-from steps.config import parse_config
 from steps.extract import run as extract
+from steps.lib.config import parse_config
+from steps.lib.data.shards import write_shard
+from steps.lib.runtime import distributed
+from steps.lib.store import open_store
 from steps.mapping import build_vocab
-from steps.shards import write_shard
-from steps.store import open_store
 from steps.train import run as train
 from tests.builders import byte_tokenizer, free_port, tiny_llama
 

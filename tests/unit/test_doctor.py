@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from steps import doctor
-from steps.checks.cuda_graph import check_cuda_graph
-from steps.checks.diagnose import diagnose, read_checkpoint
-from steps.checks.finding import Finding
-from steps.checks.tau import compare_tau
-from steps.layouts import detect_layout
+from steps.lib.checks.cuda_graph import check_cuda_graph
+from steps.lib.checks.finding import Finding
+from steps.lib.checks.tau import compare_tau
+from steps.lib.diagnose import diagnose, read_checkpoint
+from steps.lib.layouts import detect_layout
 from tests.builders import (
     LAYOUT_H,
     LAYOUT_LAYER_IDS,

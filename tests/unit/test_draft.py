@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steps.draft import DraftCache, DraftConfig, Eagle3Draft
+from steps.lib.model.draft import DraftCache, DraftConfig, Eagle3Draft
+from steps.lib.training.plan import Batch
+from steps.lib.training.ttt import loss_positions, ttt_unroll
 from steps.mapping import build_vocab
-from steps.training.plan import Batch
-from steps.training.ttt import loss_positions, ttt_unroll
 from tests.builders import CANONICAL_DRAFT_KEYS
 
 CANONICAL_KEYS = CANONICAL_DRAFT_KEYS

@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from steps.draft import Eagle3Draft
-from steps.engine import Engine
+from steps.lib.model.draft import Eagle3Draft
+from steps.lib.model.reference_engine import Engine
 from tests import builders
 from tests.builders import copying_draft, make_bigram, tiny_llama
 

@@ -10,10 +10,11 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from steps import artifacts, export
-from steps.checks import strict
-from steps.formats.sglang_loader import load_sglang_draft
-from steps.store import ArtifactError, open_store
+from steps import export
+from steps.lib import artifacts
+from steps.lib.checks import strict
+from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.store import ArtifactError, open_store
 from tests.builders import (
     CANONICAL_DRAFT_KEYS,
     SPECULATORS_DRAFT_KEYS,
@@ -59,7 +60,7 @@ def test_export_writes_both_engines_with_their_layer_ids_and_passes_the_checker(
     assert m.metrics["num_keys"] == {"sglang": 16, "vllm": 16}
     assert {f["path"] for f in m.files} == {"sglang/config.json", "sglang/model.safetensors",
                                             "vllm/config.json", "vllm/model.safetensors"}
-    # the written names against the hand-written sets (the strict checker below reads steps.formats' own tables)
+    # the written names against the hand-written sets (the strict checker below reads steps.lib.formats' own tables)
     expected_keys = {"sglang": CANONICAL_DRAFT_KEYS, "vllm": SPECULATORS_DRAFT_KEYS}
     for engine in ("sglang", "vllm"):
         path = artifacts.export_dir(world["store"], m.id, engine)
@@ -74,7 +75,7 @@ def test_export_writes_both_engines_with_their_layer_ids_and_passes_the_checker(
 
 
 def test_an_exported_sglang_dir_serves_the_trained_weights(world):
-    from steps.artifacts import load_draft
+    from steps.lib.artifacts import load_draft
 
     m = export.run(world["cfg"], world["store"], world["draft_id"], world["target_id"])
     draft, _ = load_draft(world["store"], world["draft_id"])

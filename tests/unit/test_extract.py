@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from steps import layers
-from steps.capture import LocalBackend, SGLangBackend
-from steps.config import load_config
 from steps.extract import extract_shard, hidden_id, main, plan_shards, run
-from steps.shards import bytes_per_token, iter_sequences, read_shard
-from steps.store import PARTIAL, open_store, sha256_file
+from steps.lib import layer_ids as layers
+from steps.lib.config import load_config
+from steps.lib.data.shards import bytes_per_token, iter_sequences, read_shard
+from steps.lib.extraction.capture import LocalBackend, SGLangBackend
+from steps.lib.store import PARTIAL, open_store, sha256_file
 from tests.conftest import S3_BUCKET
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from steps import formats
-from steps.checks import strict
-from steps.draft import DraftConfig, Eagle3Draft
-from steps.formats.sglang_loader import load_sglang_draft
+from steps.lib import formats
+from steps.lib.checks import strict
+from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.model.draft import DraftConfig, Eagle3Draft
 from tests.builders import CANONICAL_DRAFT_KEYS, SPECULATORS_DRAFT_KEYS
 
 V, VD, H = 96, 48, 64
@@ -38,7 +38,7 @@ SPECULATORS_KEYS = SPECULATORS_DRAFT_KEYS
 #: where SGLang 0.5.23's `LlamaForCausalLMEagle3.load_weights` puts each key eaglenest writes
 #: (shared/reference/sglang.md §1.3: `midlayer` -> `layers.0`; q/k/v -> `qkv_proj` shards "q"/"k"/"v";
 #: gate/up -> `gate_up_proj` shards 0/1; `model.` prefix except the top-level lm_head; d2t -> hot_token_id;
-#: t2d ignored), written out by hand from the loader, not from steps/formats.py's tables.
+#: t2d ignored), written out by hand from the loader, not from steps/lib/formats.py's tables.
 SGLANG_LANDS = {
     "embed_tokens.weight": ("param", "model.embed_tokens.weight", None),
     "fc.weight": ("param", "model.fc.weight", None),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from steps.config import GateConfig
 from steps.gate import benchmark_sets, decide, fix_for, regressions
+from steps.lib.config import GateConfig
 
 GATE = GateConfig(min_tau=1.5, min_speedup=1.0, max_regression=0.02, zero_acceptance_tau=1.1)
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from steps.artifacts import load_vocab
-from steps.checks.vocab import validate_vocab
-from steps.config import parse_config
+from steps.lib.artifacts import load_vocab
+from steps.lib.checks.vocab import validate_vocab
+from steps.lib.config import parse_config
+from steps.lib.store import open_store
 from steps.mapping import build_vocab, count_assistant_tokens, coverage, main, run
-from steps.store import open_store
 from tests.builders import cli_record, record_of
 
 #: artifact ids as the CLI takes them: 16 hex digits

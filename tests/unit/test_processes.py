@@ -1,4 +1,4 @@
-"""steps/processes.py: the one spawn/stop/wait helper of serve, benchmark and the local Prefect stack. Real
+"""steps/lib/runtime/processes.py: the one spawn/stop/wait helper of serve, benchmark and the local Prefect stack. Real
 processes: a group is stopped with its children, a SIGTERM to the parent reaches the group it spawned."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from steps import processes
+from steps.lib.runtime import processes
 
 #: a leader that starts a grandchild (its pid to argv[1]) and ignores SIGTERM, as a stuck server would
 STUBBORN = textwrap.dedent("""
@@ -78,7 +78,7 @@ def test_sigterm_to_the_parent_stops_the_group_it_spawned(tmp_path):
     pid_file = tmp_path / "child.pid"
     parent = textwrap.dedent(f"""
         import sys, time
-        from steps import processes
+        from steps.lib.runtime import processes
         proc = processes.spawn([sys.executable, "-c", {STUBBORN!r}, {str(pid_file)!r}],
                                log_path={str(tmp_path / "server.log")!r})
         open({str(tmp_path / "server.pid")!r}, "w").write(str(proc.pid))

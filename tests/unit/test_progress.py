@@ -1,8 +1,8 @@
-"""steps/progress.py: a step's progress reaches listeners (the Prefect UI) throttled, and never fails the step."""
+"""steps/lib/runtime/progress.py: a step's progress reaches listeners (the Prefect UI), throttled, never failing it."""
 
 from __future__ import annotations
 
-from steps import progress
+from steps.lib.runtime import progress
 
 
 def test_listeners_get_start_throttled_updates_and_the_end():

@@ -10,8 +10,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from steps import prompts as P  # noqa: E402
-from steps.config import DatasetConfig, PromptSource  # noqa: E402
+from steps.lib.config import DatasetConfig, PromptSource  # noqa: E402
+from steps.lib.data import prompts as P  # noqa: E402
 
 
 def _user(p: dict) -> str:
@@ -134,7 +134,7 @@ def test_parquet_and_saved_datasets_dir(tmp_path):
 
 
 def test_topics_span_the_eight_categories_unique_deterministic_and_never_mtbench():
-    from steps.prompt_topics import CATEGORIES
+    from steps.lib.data.topics import CATEGORIES
 
     rows = P.load_topics()
     texts = [_user(p) for p in rows]
@@ -165,7 +165,7 @@ def test_the_same_question_from_two_sources_is_kept_once(tmp_path):
 
 
 def test_held_out_split_is_disjoint_from_training_and_stable_under_the_cap():
-    from steps.config import load_config
+    from steps.lib.config import load_config
 
     sources = "dataset.sources=[{kind: topics}, {kind: humaneval}]"
     cfg = load_config("configs/tiny.yaml", [sources, "dataset.held_out=12", "dataset.max_prompts=50"])

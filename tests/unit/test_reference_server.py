@@ -1,4 +1,4 @@
-"""steps/reference_server.py and serving.start/run: real processes, real HTTP on 127.0.0.1.
+"""steps/lib/reference/server.py and serving.start/run: real processes, real HTTP on 127.0.0.1.
 
 The world: a "bigram" tiny Llama target (decoder layers add nothing: o_proj and down_proj zero,
 orthonormal embeddings, so the next token is B(x)) with a byte-level ChatML tokenizer, and a
@@ -24,14 +24,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from steps import formats, serve, serving
-from steps import launch as launching
-from steps.checks.tau import ZERO_ACCEPTANCE_TAU
-from steps.engine import Engine
-from steps.formats.sglang_loader import load_sglang_draft
-from steps.metrics import AcceptStats, acceptance_length_from_requests
-from steps.prompts import held_out_prompts
-from steps.reference_server import HANG_ENV
+from steps import serve
+from steps.lib import formats
+from steps.lib.checks.tau import ZERO_ACCEPTANCE_TAU
+from steps.lib.data.prompts import held_out_prompts
+from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.metrics import AcceptStats, acceptance_length_from_requests
+from steps.lib.model.reference_engine import Engine
+from steps.lib.reference.server import HANG_ENV
+from steps.lib.serving import launch as launching
+from steps.lib.serving import start as serving
 from tests.builders import bigram_world, free_port
 from tests.conftest import process_alive
 
@@ -107,7 +109,7 @@ def test_serve_start_records_the_command_attempts_endpoint_logs_and_smoke_tau(wo
     manifest, server = spec_server
     assert manifest.kind == "serve" and manifest.inputs == {"export": world["export_id"],
                                                             "target": world["target_id"]}
-    assert "-m steps.reference_server" in manifest.meta["command"]
+    assert "-m steps.lib.reference.server" in manifest.meta["command"]
     assert "--speculative-algorithm EAGLE3" in manifest.meta["command"]
     assert [a["outcome"] for a in manifest.meta["attempts"]] == ["healthy"]
     assert manifest.meta["endpoint"] == server.base_url == f"http://127.0.0.1:{world['cfg'].serve.port}"
@@ -279,7 +281,7 @@ def test_eaglenest_serve_launches_the_reference_engine_answers_and_stops_on_sigt
         assert info["model_path"] == str(world["target_dir"])
         answer = post(f"{base}/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0})
         assert answer["choices"][0]["text"] and 0 < answer["usage"]["completion_tokens"] <= 8
-        [server_pid] = processes_with("steps.reference_server", str(port))
+        [server_pid] = processes_with("steps.lib.reference.server", str(port))
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(timeout=60) == 0, out.read_text()      # the server's own exit code: a graceful stop
     finally:
@@ -288,7 +290,7 @@ def test_eaglenest_serve_launches_the_reference_engine_answers_and_stops_on_sigt
     printed = out.read_text()
     assert f"serving at {base}" in printed and '"outcome": "healthy"' in printed
     assert launching.health_status(f"{base}/health", timeout_s=2) is None
-    assert processes_with("steps.reference_server", str(port)) == [], f"server {server_pid} outlived the CLI"
+    assert processes_with("steps.lib.reference.server", str(port)) == [], f"server {server_pid} outlived the CLI"
     assert (tmp_path / "logs" / "server-attempt1.log").read_text()
 
 
@@ -317,7 +319,7 @@ def test_a_cuda_graph_hang_times_out_then_serve_run_retries_without_graphs_f6(wo
 
 
 def test_unknown_sglang_flags_are_recorded_and_baseline_drops_only_speculative_flags():
-    from steps.reference_server import extra_flags, parse_args
+    from steps.lib.reference.server import extra_flags, parse_args
 
     args, extras = parse_args(["--model-path", "m", "--enable-metrics", "--cuda-graph-max-bs-decode", "8",
                                "--context-length=4096", "--tp", "2"])

@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from flows import reuse
-from steps.config import find_config, load_config
+from steps.lib.config import find_config, load_config
+from steps.lib.store import open_store
 from steps.registry import run_step
-from steps.store import open_store
 
 OVERRIDES = ["target.tiny.pretrain_steps=2"]
 

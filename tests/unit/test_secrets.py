@@ -1,4 +1,4 @@
-"""steps/secrets.py: URL credentials are stripped from manifests, log lines and errors (issue 11, finding 6)."""
+"""steps/lib/runtime/redaction.py: URL credentials are stripped from manifests, log lines and errors."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from steps.launch import json_request
-from steps.secrets import RedactingFilter, redact, redact_text
-from steps.store import MANIFEST, open_store
+from steps.lib.runtime.redaction import RedactingFilter, redact, redact_text
+from steps.lib.serving.launch import json_request
+from steps.lib.store import MANIFEST, open_store
 
 
 @pytest.mark.parametrize(("text", "want"), [

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from steps import formats, serve, serving
-from steps import launch as launching
-from steps.checks.context import LONGER_CONTEXT_ENV
-from steps.checks.finding import Finding
-from steps.config import PipelineConfig, parse_config
+from steps import serve
+from steps.lib import formats
+from steps.lib.checks.context import LONGER_CONTEXT_ENV
+from steps.lib.checks.finding import Finding
+from steps.lib.config import PipelineConfig, parse_config
+from steps.lib.serving import launch as launching
+from steps.lib.serving import start as serving
 from tests.conftest import process_alive
 
 #: the fast stand-in for SGLang's start-up (a script; see its docstring)

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from steps.capture import done
-from steps.shard_writer import ShardJob, ShardWriter
+from steps.lib.extraction.capture import done
+from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
 
 W = 4
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from steps.shards import bytes_per_token, iter_sequences, read_shard, shard_bytes_bound, write_shard
-from steps.store import sha256_file
+from steps.lib.data.shards import bytes_per_token, iter_sequences, read_shard, shard_bytes_bound, write_shard
+from steps.lib.store import sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ def test_the_same_shard_written_by_two_processes_has_the_same_sha256(tmp_path):
     """safetensors orders `__metadata__` by a per-process random hash; write_shard sorts the header."""
     script = textwrap.dedent("""
         import sys, torch
-        from steps.shards import write_shard
+        from steps.lib.data.shards import write_shard
         g = torch.Generator().manual_seed(0)
         aux, final = torch.randn(5, 12, generator=g), torch.randn(5, 4, generator=g)
         write_shard(sys.argv[1], [[1, 2, 3, 4, 5]], [[0, 1, 1, 1, 1]], aux, final, layer_ids=[1, 2, 3])
@@ -136,7 +136,7 @@ def test_the_shard_writer_writes_what_safetensors_writes_with_a_sorted_header(tm
 
     from safetensors.torch import save_file
 
-    from steps.shards import encode_states, save_sorted
+    from steps.lib.data.shards import encode_states, save_sorted
 
     ids, masks, aux, final = _sequences([30, 50, 7])
     tensors = {"input_ids": torch.tensor([t for s in ids for t in s]), "loss_mask": torch.ones(87, dtype=torch.uint8),
@@ -157,7 +157,7 @@ def test_the_shard_writer_writes_what_safetensors_writes_with_a_sorted_header(tm
 
 def test_bf16_states_are_stored_as_they_are():
     """A GPU replica's bf16 states are not rounded through fp32 on their way to the file."""
-    from steps.shards import encode
+    from steps.lib.data.shards import encode
 
     x = torch.randn(5, 8).to(torch.bfloat16)
     stored, scale = encode(x, "bfloat16")
@@ -166,7 +166,7 @@ def test_bf16_states_are_stored_as_they_are():
 
 def test_training_batches_decode_fp8_shards(tmp_path):
     """The trainer's batches come from `read_shard`: fp8 shards arrive as float32 within fp8's bound."""
-    from steps.training.plan import make_batch
+    from steps.lib.training.plan import make_batch
 
     ids, masks, aux, final = _sequences([40, 24])
     write_shard(tmp_path / "s.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS, storage_dtype="float8_e4m3fn")

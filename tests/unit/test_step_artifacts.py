@@ -14,7 +14,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows import ui
 from flows.step_flows import target_flow  # type: ignore[attr-defined]  # generated from the registry
-from steps import progress
+from steps.lib.runtime import progress
 
 RECORD = {"step": "train", "kind": "draft", "id": "d0d0d0d0d0d0d0d0", "uri": "file:///s/artifacts/draft/d0",
           "seconds": 12.5, "metrics": {"final_loss": 2.3456789, "steps": 3, "acc": [0.5, 0.2]}, "meta": {}}

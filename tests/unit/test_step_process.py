@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from flows.step_process import StepProcessFailed, discard_spare, extra_env, run_step_process, step_argv, step_env
-from steps import progress
+from steps.lib.runtime import progress
 from tests.builders import MAPPING_DATASET, MAPPING_TARGET, mapping_world
 
 T0, D0 = MAPPING_TARGET, MAPPING_DATASET

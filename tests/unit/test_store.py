@@ -1,4 +1,4 @@
-"""steps/store/ over file://: manifests last, verified reads, content-addressed ids, resumable
+"""steps/lib/store/ over file://: manifests last, verified reads, content-addressed ids, resumable
 uploads, aliases, the bounded local cache and store-URI parsing.
 
 `StoreContract` (tests/store_contract.py) holds the behaviour every backend must have; `TestFileStore`
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from steps.config import load_config
-from steps.store import ArtifactError, FileBackend, LocalCache, Manifest, S3Backend, Store, artifact_id, open_store
+from steps.lib.config import load_config
+from steps.lib.store import ArtifactError, FileBackend, LocalCache, Manifest, S3Backend, Store, artifact_id, open_store
 
 pytest.register_assert_rewrite("tests.store_contract")  # before the import: failed contract asserts show values
 from tests.store_contract import StoreContract, write_artifact  # noqa: E402
@@ -208,7 +208,7 @@ def test_cache_over_many_admissions_never_exceeds_budget(tmp_path: Path):
 
 
 def test_store_uri_precedence_is_explicit_then_env_then_config(monkeypatch):
-    from steps.store import store_uri_for
+    from steps.lib.store import store_uri_for
 
     monkeypatch.delenv("EAGLENEST_STORE", raising=False)
     assert store_uri_for(None, "file://out/store") == "file://out/store"

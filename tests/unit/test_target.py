@@ -13,10 +13,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from steps import artifacts
 from steps import target as T  # noqa: E402
-from steps.config import ConfigError, load_config  # noqa: E402
-from steps.store import ArtifactError, open_store, sha256_file  # noqa: E402
+from steps.lib import artifacts
+from steps.lib.config import ConfigError, load_config  # noqa: E402
+from steps.lib.store import ArtifactError, open_store, sha256_file  # noqa: E402
 from tests.conftest import TINY_PRETRAIN
 
 

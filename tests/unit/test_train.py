@@ -13,16 +13,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from steps.artifacts import load_draft
-from steps.checks.vocab import validate_vocab
-from steps.config import parse_config
+from steps.lib.artifacts import load_draft
+from steps.lib.checks.vocab import validate_vocab
+from steps.lib.config import parse_config
+from steps.lib.data.shards import write_shard
+from steps.lib.store import open_store
+from steps.lib.training.loop import lr_at
+from steps.lib.training.plan import build_plan, pack
+from steps.lib.training.ttt import layouts, ttt_mask
 from steps.mapping import build_vocab
-from steps.shards import write_shard
-from steps.store import open_store
 from steps.train import read_target_head, run
-from steps.training.loop import lr_at
-from steps.training.plan import build_plan, pack
-from steps.training.ttt import layouts, ttt_mask
 from tests.conftest import S3_BUCKET
 
 LAYER_IDS = [1, 2, 3]
@@ -226,7 +226,7 @@ def test_lr_warms_up_then_decays_to_min_ratio():
 def test_a_frozen_head_stays_the_targets_rows_while_the_layer_learns(source, tmp_path):
     """train.freeze_lm_head (speculators' recipe): the exported head is exactly the target's rows of the
     draft vocab, the layer and fc still train; without init_lm_head the config is refused."""
-    from steps.artifacts import target_dir
+    from steps.lib.artifacts import target_dir
 
     store, ids = fresh_store(source, tmp_path)
     m = run(config(epochs=2, freeze_lm_head=True), store, **ids)

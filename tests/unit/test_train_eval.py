@@ -1,4 +1,4 @@
-"""τ while training (steps/training/evaluate.py): the held-out split, τ_sim against the engine's own
+"""τ while training (steps/lib/training/evaluate.py): the held-out split, τ_sim against the engine's own
 chain drafting, the best checkpoint exported and named in the manifest, the log and progress."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
-from steps import progress
-from steps.artifacts import target_dir
-from steps.engine import Engine, _State
-from steps.metrics import accepted_prefix
+from steps.lib.artifacts import target_dir
+from steps.lib.metrics import accepted_prefix
+from steps.lib.model.reference_engine import Engine, _State
+from steps.lib.runtime import progress
+from steps.lib.training.evaluate import held_out, simulated_acceptance
+from steps.lib.training.plan import build_plan, make_batch
+from steps.lib.training.ttt import loss_positions, ttt_loss
 from steps.train import prepare, run
-from steps.training.evaluate import held_out, simulated_acceptance
-from steps.training.plan import build_plan, make_batch
-from steps.training.ttt import loss_positions, ttt_loss
 from tests.unit.test_train import LAYER_IDS, config, fresh_store, source  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

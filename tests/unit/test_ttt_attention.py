@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from steps.draft import DraftConfig, Eagle3Draft
+from steps.lib.model.draft import DraftConfig, Eagle3Draft
+from steps.lib.training.plan import Batch
+from steps.lib.training.ttt import FLEX_BLOCK, block_mask, layouts, loss_positions, ttt_loss, ttt_mask, use_flex
 from steps.mapping import build_vocab
-from steps.training.plan import Batch
-from steps.training.ttt import FLEX_BLOCK, block_mask, layouts, loss_positions, ttt_loss, ttt_mask, use_flex
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,10 +12,11 @@ import json
 import pytest
 import torch
 
-from steps import artifacts, export, formats, verify
-from steps.engine import Engine
-from steps.prompts import held_out_prompts
-from steps.store import open_store
+from steps import export, verify
+from steps.lib import artifacts, formats
+from steps.lib.data.prompts import held_out_prompts
+from steps.lib.model.reference_engine import Engine
+from steps.lib.store import open_store
 from tests.builders import (
     bigram_world,
     cli_record,
@@ -128,7 +129,7 @@ def test_verify_measures_the_tau_worked_out_by_hand_for_the_copying_draft(copyin
 def test_held_out_prompts_are_chat_templated_mtbench_first_turns(world):
     from transformers import AutoTokenizer
 
-    from steps.artifacts import target_dir
+    from steps.lib.artifacts import target_dir
 
     tok = AutoTokenizer.from_pretrained(target_dir(world["store"], world["target_id"]))
     prompts = held_out_prompts(world["cfg"], tok)
@@ -153,8 +154,8 @@ class AcceptEverything(Engine):
 
 
 def test_an_engine_that_changes_the_output_is_caught(world):
-    from steps.artifacts import load_target
-    from steps.formats.sglang_loader import load_sglang_draft
+    from steps.lib.artifacts import load_target
+    from steps.lib.formats.sglang_loader import load_sglang_draft
 
     target, tok = load_target(world["store"], world["target_id"])
     draft, _ = load_sglang_draft(artifacts.export_dir(world["store"], world["export_id"], "sglang"), target=target)

@@ -1,5 +1,0 @@
-"""The failure catalogue's checks (DESIGN.md F1–F9), each written once; see `steps/checks/registry.py`."""
-
-from steps.checks.finding import Finding, Status
-
-__all__ = ["Finding", "Status"]

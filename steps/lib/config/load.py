@@ -1,0 +1,96 @@
+"""Reading configs: YAML file → dotted overrides (`train.lr=3e-4`, parsed as YAML) → the schema.
+
+Errors name the file and the field. The resolved config and its hash go into every manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from steps.lib.config.schema import PipelineConfig
+from steps.lib.errors import ConfigError
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    keys = dotted.split(".")
+    node = data
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{source}: override {dotted!r}: {k!r} is not a section")
+    node[keys[-1]] = value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | None, source: str) -> dict[str, Any]:
+    """Apply `a.b=value` overrides (values parsed as YAML) to raw config data."""
+    data = json.loads(json.dumps(data))
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"{source}: override {item!r} must look like section.field=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(data, key.strip(), yaml.safe_load(raw), source)
+    return data
+
+
+def _format_validation_error(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid config"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  - {field}: unknown field; check the spelling against steps/lib/config/schema.py")
+        elif e["type"] == "missing":
+            lines.append(f"  - {field}: required field is missing")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            # A cross-field rule's input is a whole section; echoing it buries the message.
+            got = "" if isinstance(e.get("input"), dict) else f" (got {e.get('input')!r})"
+            lines.append(f"  - {field}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(source, err)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read, override and validate a YAML config; errors name the file and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found (configs/ holds the shipped ones)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return parse_config(apply_overrides(data, overrides, str(path)), str(path))
+
+
+def config_dict(section: BaseModel | dict[str, Any]) -> dict[str, Any]:
+    return section.model_dump(mode="json") if isinstance(section, BaseModel) else section
+
+
+def section_hash(section: BaseModel | dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a config (section)."""
+    blob = json.dumps(config_dict(section), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+CONFIGS_DIR = Path(__file__).resolve().parents[3] / "configs"
+
+
+def find_config(name_or_path: str) -> Path:
+    """`tiny` → configs/tiny.yaml; a path is returned as is."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    return CONFIGS_DIR / f"{name_or_path}.yaml"

@@ -1,0 +1,1 @@
+"""Prompt sources and hidden-state shards."""

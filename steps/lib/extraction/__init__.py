@@ -1,0 +1,1 @@
+"""Capture backends and the shard writer."""

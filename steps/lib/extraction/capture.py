@@ -1,0 +1,280 @@
+"""Capturing the target's aux and final hidden states: the backends `steps/extract.py` runs.
+
+`LocalBackend` runs the target in-process with hooks on exactly the layers needed; `SGLangBackend`
+asks SGLang servers of the target (how a TP=8 target is extracted). Both offer `capture(batch)`
+(the states, per sequence, on the CPU) and `capture_async(batch, storage_dtype)`, which returns at
+once with a `Pending` batch: the states encoded for storage (`steps/lib/data/shards.py`), on their way to
+the host. On a GPU the encoding runs on the device and the device→host copies run on a side CUDA
+stream into pinned host buffers, double-buffered, while the next batch's forward runs: the
+extraction then costs the GPU no more than the bare forward (docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from steps.lib import layer_ids as layers
+from steps.lib.artifacts import inference_device, load_target
+from steps.lib.config import PipelineConfig
+from steps.lib.data.shards import encode_states
+from steps.lib.serving.launch import get_json, post_json
+from steps.lib.store import Store
+
+#: pinned host buffer sets per GPU backend: one being filled by the copies, one being read by the
+#: shard writer. A third would only let the forward run further ahead of a writer that is slower.
+HOST_SLOTS = 2
+
+
+class Pending:
+    """One captured batch: `host` holds flat rows `[N, W]` per stored tensor (`aux_hidden`,
+    `final_hidden`, fp8: `aux_scale`, `final_scale`), sequence k at rows `spans[k]` = (start, length).
+    `wait()` blocks until the rows have landed; `release()` hands the host buffers back to the backend
+    (call it once the rows are copied out; the next batches reuse the memory)."""
+
+    def __init__(self, host: dict[str, torch.Tensor], spans: list[tuple[int, int]],
+                 done: torch.cuda.Event | None = None, on_release: Callable[[], None] | None = None):
+        self.host, self.spans, self._done, self._on_release = host, spans, done, on_release
+
+    def wait(self) -> dict[str, torch.Tensor]:
+        if self._done is not None:
+            self._done.synchronize()
+        return self.host
+
+    def release(self) -> None:
+        if self._on_release is not None:
+            self._on_release()
+            self._on_release = None
+
+
+def done(states: dict[str, torch.Tensor], lengths: list[int]) -> Pending:
+    """A Pending of rows already on the host, sequences concatenated."""
+    spans, at = [], 0
+    for n in lengths:
+        spans.append((at, n))
+        at += n
+    return Pending(states, spans)
+
+
+class CaptureBackend(Protocol):
+    """Runs the target over whole sequences. `capture` returns, per sequence, (aux [L, A*H], final [L, H])
+    on the CPU, in the target's float dtype (bf16 from a GPU replica, fp32 on a CPU or from SGLang);
+    `capture_async` the same states encoded in `storage_dtype`, as a `Pending` batch."""
+
+    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def capture_async(self, batch_input_ids: list[list[int]], storage_dtype: str) -> Pending: ...
+
+
+class HostSlot:
+    """Contiguous pinned host buffers, one per stored tensor, grown to the largest batch seen.
+
+    Each tensor gets its own contiguous destination: a copy into a strided slice of one shared
+    buffer is not asynchronous (measured 0.57x of the bare forward, against 0.99x for this)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def view(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        buf = self.buffers.get(name)
+        if buf is None or buf.dtype != like.dtype or buf.numel() < like.numel():
+            buf = self.buffers[name] = torch.empty(like.numel(), dtype=like.dtype, pin_memory=True)
+        return buf[: like.numel()].view(like.shape)
+
+
+class LocalBackend:
+    """In-process forward with hooks on exactly the layers needed (no `output_hidden_states`).
+
+    A forward PRE-hook on decoder layer i sees its input, which is HF `hidden_states[i]` (the
+    internal id i); a hook on the final norm sees HF `hidden_states[-1]`. Materialising all N+1
+    hidden states would cost N/A times the memory for nothing. Only the base model runs, so the
+    [B, S, vocab] logits are never computed either.
+    """
+
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int], *, pad_token_id: int = 0):
+        self.model, self.layer_ids, self.pad = model.eval(), list(layer_ids), pad_token_id
+        self.base = model.base_model
+        self.device = next(model.parameters()).device
+        self._seen: dict[Any, torch.Tensor] = {}
+        decoder_layers, norm = getattr(self.base, "layers", None), getattr(self.base, "norm", None)
+        if decoder_layers is None or norm is None:
+            raise ValueError(f"{type(model).__name__}: no base_model.layers / base_model.norm; the local "
+                             "backend knows Llama-style models (Llama, Qwen, Mistral); use extract.backend=sglang")
+        self._hooks = [decoder_layers[i].register_forward_pre_hook(self._keep_input(i), with_kwargs=True)
+                       for i in self.layer_ids]
+        self._hooks.append(norm.register_forward_hook(self._keep_output))
+        self._slots: queue.Queue[HostSlot] = queue.Queue()
+        self._copy_stream = None
+        if self.device.type == "cuda":
+            self._copy_stream = torch.cuda.Stream(self.device)
+            for _ in range(HOST_SLOTS):
+                self._slots.put(HostSlot())
+
+    def close(self) -> None:
+        """Remove the hooks (the model is left as it was found)."""
+        for h in self._hooks:
+            h.remove()
+
+    def _keep_input(self, i: int):
+        def hook(module, args, kwargs):
+            # The residual stream is never modified in place by HF decoder layers: no copy needed.
+            self._seen[i] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _keep_output(self, module, args, output) -> None:
+        self._seen["final"] = output
+
+    def _forward(self, batch_input_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """-> (aux [B, S, A*H], final [B, S, H]) on the model's device, and the sequence lengths."""
+        lengths = [len(s) for s in batch_input_ids]
+        width = max(lengths)
+        # Right padding: real tokens keep positions 0..L-1 and, being causal, never see the pads.
+        ids = torch.full((len(lengths), width), self.pad, dtype=torch.long)
+        for b, seq in enumerate(batch_input_ids):
+            ids[b, :len(seq)] = torch.tensor(seq)
+        mask = None
+        if min(lengths) < width:   # no padding, no mask: the forward keeps its fastest (causal) attention
+            mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long().to(self.device)
+        if self.device.type == "cuda":
+            ids = ids.pin_memory().to(self.device, non_blocking=True)
+        self._seen.clear()
+        self.base(input_ids=ids.to(self.device), attention_mask=mask, use_cache=False)
+        aux = torch.cat([self._seen[i] for i in self.layer_ids], dim=-1)   # [B, S, A*H]
+        final = self._seen["final"]                                        # [B, S, H]
+        self._seen.clear()
+        return aux, final, lengths
+
+    @torch.inference_mode()
+    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        aux, final, lengths = self._forward(batch_input_ids)
+        # One device→host copy per batch, in the target's dtype: on a GPU the states are bf16 already,
+        # so fp32 would double the bytes for nothing (shards store bf16 or fp8 of these values).
+        aux, final = aux.cpu(), final.cpu()
+        return [(aux[b, :n], final[b, :n]) for b, n in enumerate(lengths)]
+
+    @torch.inference_mode()
+    def capture_async(self, batch_input_ids: list[list[int]], storage_dtype: str) -> Pending:
+        aux, final, lengths = self._forward(batch_input_ids)
+        states = encode_states(aux, final, storage_dtype)                 # on the device (fp8: half the copy)
+        width = aux.shape[1]
+        spans = [(b * width, n) for b, n in enumerate(lengths)]
+        if self._copy_stream is None:
+            return Pending({k: v.flatten(0, 1) for k, v in states.items()}, spans)
+        slot = self._slots.get()            # blocks while the writer still reads both buffer sets
+        compute = torch.cuda.current_stream(self.device)
+        self._copy_stream.wait_stream(compute)                             # the states are computed
+        host = {}
+        with torch.cuda.stream(self._copy_stream):
+            for k, v in states.items():
+                host[k] = slot.view(k, v).copy_(v, non_blocking=True).flatten(0, 1)
+                v.record_stream(self._copy_stream)   # the allocator keeps v until the copy is done
+            landed = torch.cuda.Event()
+            landed.record(self._copy_stream)
+        return Pending(host, spans, landed, on_release=lambda: self._slots.put(slot))
+
+
+class SGLangBackend:
+    """A client for SGLang 0.5.23 servers of the target (how a TP=8 target is extracted).
+
+    Contract relied on (reference/sglang.md §2.2, §8 item 6), per server:
+    - aux server, launched with `--enable-return-aux-hidden-states --speculative-algorithm EAGLE3
+      --return-aux-hidden-state-layer-ids <layers.to_engine(layer_ids, "sglang")>
+      --disable-radix-cache`. `POST /generate {"input_ids": [[...], ...], "sampling_params":
+      {"max_new_tokens": 1, "temperature": 0}, "return_hidden_states": true}` answers one object
+      per sequence whose `meta_info.hidden_states` is a list with one entry per forward pass: entry
+      0 is the prefill, `[L, A*H]` = the aux states concatenated in ascending layer order. With
+      max_new_tokens=1 the generated token is never forwarded, so there is exactly that entry.
+      SGLang's ids name "output of layer k" and it captures k+1: ids = internal − 1 (F4).
+    - final server, launched with `--enable-return-hidden-states` (no aux capture): the same
+      request answers `[L, H]`, the hidden state SGLang hands its logits processor, i.e. after the
+      final norm = HF `hidden_states[-1]`.
+    The aux response does NOT carry the final hidden state, and the final one cannot be captured
+    as an aux layer (the last layer's output is never entered by a later layer), hence two servers
+    (or one server relaunched between two passes over the data).
+    The radix cache must be off: a cached prefix is not recomputed and its rows would be missing
+    (checked per request: rows must equal L).
+    """
+
+    def __init__(self, aux_url: str, final_url: str | None, layer_ids: list[int], *, hidden_size: int,
+                 timeout_s: float = 600.0):
+        if not final_url:
+            raise ValueError("extract.backend=sglang needs two servers: extract.server_url (launched with "
+                             "--enable-return-aux-hidden-states) and a final-hidden server (launched with "
+                             "--enable-return-hidden-states), because SGLang's aux response does not carry "
+                             "the final hidden state")
+        self.aux_url, self.final_url = aux_url.rstrip("/"), final_url.rstrip("/")
+        self.layer_ids, self.hidden_size, self.timeout_s = list(layer_ids), hidden_size, timeout_s
+        self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang")
+
+    def check_server(self, num_hidden_layers: int) -> None:
+        """Refuse an aux server that captures other layers than the ones recorded (F4)."""
+        info = self._get(f"{self.aux_url}/server_info")
+        ids = info.get("return_aux_hidden_state_layer_ids")
+        if ids is None:  # the server captures the model's EAGLE-3 defaults
+            captured = layers.default_aux_layer_ids(num_hidden_layers)
+        else:
+            captured = layers.from_engine(list(ids), "sglang")
+        if captured != self.layer_ids:
+            raise ValueError(
+                f"SGLang server {self.aux_url} captures internal layers {captured} "
+                f"(--return-aux-hidden-state-layer-ids={ids}), but extract records {self.layer_ids}; "
+                f"relaunch it with --return-aux-hidden-state-layer-ids "
+                f"{' '.join(map(str, self.sglang_layer_ids))} (SGLang ids = internal − 1)")
+
+    def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        aux = self._prefill_hidden(self.aux_url, batch_input_ids, len(self.layer_ids) * self.hidden_size)
+        final = self._prefill_hidden(self.final_url, batch_input_ids, self.hidden_size)
+        return list(zip(aux, final, strict=True))
+
+    def capture_async(self, batch_input_ids: list[list[int]], storage_dtype: str) -> Pending:
+        rows = self.capture(batch_input_ids)
+        states = encode_states(torch.cat([a for a, _ in rows]), torch.cat([f for _, f in rows]), storage_dtype)
+        return done(states, [len(s) for s in batch_input_ids])
+
+    def _prefill_hidden(self, url: str, batch: list[list[int]], width: int) -> list[torch.Tensor]:
+        body = {"input_ids": batch, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                "return_hidden_states": True}
+        outs = self._post(f"{url}/generate", body)
+        result = []
+        for seq, out in zip(batch, outs, strict=True):
+            states = out["meta_info"].get("hidden_states")
+            if not states:
+                raise ValueError(f"{url}/generate returned no meta_info.hidden_states; launch the server "
+                                 "with --enable-return-aux-hidden-states / --enable-return-hidden-states")
+            x = torch.tensor(states[0], dtype=torch.float32)
+            if x.ndim != 2 or x.shape[1] != width:
+                # H-wide rows from the aux server mean aux capture is off: training on them is F1's
+                # silent "accept length 1" in the making.
+                raise ValueError(f"{url}/generate returned hidden rows of shape {tuple(x.shape)}, expected "
+                                 f"[{len(seq)}, {width}]; check the server's --enable-return-aux-hidden-states "
+                                 "/ --enable-return-hidden-states flags and that it serves this target")
+            if x.shape[0] != len(seq):
+                raise ValueError(f"{url}/generate returned {x.shape[0]} hidden rows for {len(seq)} input "
+                                 "tokens; launch the server with --disable-radix-cache")
+            result.append(x)
+        return result
+
+    def _get(self, url: str) -> dict[str, Any]:
+        return get_json(url, self.timeout_s)
+
+    def _post(self, url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        out = post_json(url, body, self.timeout_s)
+        return out if isinstance(out, list) else [out]
+
+
+def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int],
+                 tcfg: dict[str, Any], device: torch.device | None = None) -> CaptureBackend:
+    """The SGLang client, or the target loaded on `device` (default: the first GPU, else the CPU)."""
+    if cfg.extract.backend == "sglang":
+        backend = SGLangBackend(str(cfg.extract.server_url), cfg.extract.final_server_url,
+                                layer_ids, hidden_size=tcfg["hidden_size"])
+        backend.check_server(tcfg["num_hidden_layers"])
+        return backend
+    # fp32 on CPU (bf16 is ~20x slower on an AVX2 CPU), bf16 on CUDA.
+    device = device or torch.device(inference_device())
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, tokenizer = load_target(store, target_id, device=str(device), dtype=dtype)
+    return LocalBackend(model, layer_ids, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)

@@ -1,0 +1,1 @@
+"""The draft model, batched decoding, the reference engine."""

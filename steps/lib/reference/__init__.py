@@ -1,0 +1,1 @@
+"""The reference server: the reference engine behind SGLang's HTTP API subset."""

@@ -1,0 +1,1 @@
+"""Processes, distributed, progress, redaction."""

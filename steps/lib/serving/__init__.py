@@ -1,0 +1,1 @@
+"""Serving an export: launch command, preflight, start, health."""

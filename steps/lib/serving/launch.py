@@ -1,0 +1,193 @@
+"""Launch: start a server process, wait for its health with a deadline, retry once without CUDA graphs, stop it.
+
+Reads: a launch argv (built by `steps.serve`); writes: the server's log (stdout + stderr) and a record
+of every start attempt `{command, cuda_graph, outcome, seconds, log}`. Prevents F6 going unnoticed:
+a CUDA graph capture hang at startup becomes a deadline, one retry with CUDA graphs off, and both
+attempts recorded. The process machinery (own process group, stop, health wait, signal forwarding) is
+`steps/lib/runtime/processes.py`, shared with the local Prefect stack. Also the small JSON-over-HTTP client the
+serve, benchmark and doctor steps share.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shlex
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from steps.lib.runtime.processes import http_status, spawn, stop_process, wait_until
+from steps.lib.runtime.redaction import redact_text
+
+#: seconds between health polls.
+HEALTH_POLL_INTERVAL_S = 0.5
+#: one poll may take this long: /health_generate runs a 1-token generation and answers 503 only
+#: after SGLANG_HEALTH_CHECK_TIMEOUT (20 s), so a shorter client timeout would never see its answer.
+HEALTH_REQUEST_TIMEOUT_S = 25.0
+#: seconds a server gets to exit after SIGTERM before SIGKILL.
+STOP_GRACE_S = 30.0
+
+
+class ServerStartError(RuntimeError):
+    """No attempt produced a healthy server; `attempts` records each one."""
+
+    def __init__(self, message: str, attempts: list[dict[str, Any]]):
+        self.attempts = attempts
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, list[dict[str, Any]]]]:
+        # Prefect persists a failed run's exception (pickled) and the parent reads it back: both arguments
+        return type(self), (str(self), self.attempts)
+
+
+@dataclass
+class Server:
+    """A started server process; `stop()` ends its whole process group."""
+    process: subprocess.Popen
+    command: list[str]
+    log_path: Path
+    health_url: str
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.health_url.rsplit("/", 1)[0]
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
+        """SIGTERM the process group, SIGKILL it after `grace_s`; returns the exit code."""
+        return stop_process(self.process, grace_s)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def available_port(host: str, preferred: int) -> int:
+    """`preferred` when it can be bound on `host`, else a free port the OS picks. Two pipelines on one
+    machine share a config's serve ports; a second server on a taken port would fail to start, or worse,
+    its health check would be answered by the first pipeline's server. (A port taken between this check and
+    the server's own bind still fails that start, loudly.)"""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            # as servers do: a port whose last connections linger in TIME_WAIT is free, a listening one is not
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            chosen = sock.getsockname()[1]
+        if chosen != preferred:
+            logging.getLogger(__name__).warning("port %d on %s is taken; serving on %d", preferred, host, chosen)
+        return chosen
+    raise OSError(f"no free port on {host}: cannot bind {preferred} nor an OS-chosen one")
+
+
+def health_status(url: str, timeout_s: float = HEALTH_REQUEST_TIMEOUT_S) -> int | None:
+    """HTTP status of one GET, None when nothing answers."""
+    return http_status(url, timeout_s)
+
+
+def launch(cmd: Sequence[str], *, log_path: str | Path, health_url: str, timeout_s: float,
+           env: Mapping[str, str] | None = None) -> Server:
+    """Start `cmd` and poll `health_url` until it answers 200; on the deadline kill the process group.
+
+    stdout and stderr go to `log_path` (appended); `env` adds variables to this process's environment.
+    """
+    log_path = Path(log_path)
+    process = spawn(cmd, log_path=log_path, env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + timeout_s
+
+    def healthy() -> bool:
+        return health_status(health_url, min(HEALTH_REQUEST_TIMEOUT_S, max(0.1, deadline - time.monotonic()))) == 200
+
+    outcome = wait_until(healthy, timeout_s=timeout_s, alive=lambda: process.poll() is None,
+                         interval_s=HEALTH_POLL_INTERVAL_S)
+    if outcome == "ready":
+        return Server(process, list(cmd), log_path, health_url)
+    if outcome == "exited":
+        raise ServerStartError(f"server exited with code {process.returncode} before {health_url} "
+                               f"answered; see {log_path}", [])
+    stop_process(process, grace_s=5.0)
+    raise ServerStartError(f"{health_url} not healthy after {timeout_s:.0f} s (a CUDA graph capture hang "
+                           f"looks like this, F6); process group killed; see {log_path}", [])
+
+
+def launch_with_fallback(command_for: Callable[[bool], list[str]], *, log_dir: str | Path, health_url: str,
+                         timeout_s: float, env: Mapping[str, str] | None = None) -> Server:
+    """Start with CUDA graphs, and once more without them if that fails (F6); every attempt is recorded.
+
+    `command_for(disable_cuda_graph)` builds the argv. Raises ServerStartError (with `.attempts`)
+    when both attempts fail.
+    """
+    attempts: list[dict[str, Any]] = []
+    for disable in (False, True):
+        cmd = command_for(disable)
+        log_path = Path(log_dir) / f"server-attempt{len(attempts) + 1}.log"
+        started = time.monotonic()
+        try:
+            server = launch(cmd, log_path=log_path, health_url=health_url, timeout_s=timeout_s, env=env)
+        except ServerStartError as err:
+            attempts.append(attempt_record(cmd, disable, f"failed: {err}", started, log_path))
+            continue
+        attempts.append(attempt_record(cmd, disable, "healthy", started, log_path))
+        server.attempts = attempts
+        return server
+    raise ServerStartError("the server never became healthy, with or without CUDA graphs:\n  "
+                           + "\n  ".join(a["outcome"] for a in attempts), attempts)
+
+
+def attempt_record(cmd: Sequence[str], disable_cuda_graph: bool, outcome: str, started: float,
+                   log_path: Path) -> dict[str, Any]:
+    return {"command": shlex.join(cmd), "cuda_graph": not disable_cuda_graph, "outcome": outcome,
+            "seconds": round(time.monotonic() - started, 2), "log": str(log_path)}
+
+
+# --- the JSON-over-HTTP client (serve's smoke test, benchmark, doctor) -------------------------------
+
+def json_request(url: str, body: Any = None) -> urllib.request.Request:
+    """A request for `url` (a POST of `body` as JSON when given). User-info in the URL becomes a Basic
+    Authorization header: urllib would take `user:password@host` for the host name, and the credentials
+    must not travel in the URL that error messages and logs name."""
+    parts = urllib.parse.urlsplit(url)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if parts.username is not None:
+        user = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else str(parts.hostname)
+        url = urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+    data = json.dumps(body).encode() if body is not None else None
+    return urllib.request.Request(url, data=data, headers=headers)
+
+
+def http_json(url: str, body: Any = None, timeout_s: float = 600.0) -> Any:
+    """GET (or POST `body`) and parse the JSON answer. An HTTP error status raises `HTTPError` as is; a
+    server that cannot be reached raises `ConnectionError` naming the URL without its credentials."""
+    try:
+        with urllib.request.urlopen(json_request(url, body), timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError:
+        raise
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+        reason = getattr(err, "reason", err)
+        raise ConnectionError(f"{redact_text(url)}: cannot reach the server ({reason}); start it, or fix the "
+                              "URL in the config") from None
+
+
+def post_json(url: str, body: dict[str, Any], timeout_s: float = 600.0) -> Any:
+    return http_json(url, body, timeout_s)
+
+
+def get_json(url: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    return http_json(url, None, timeout_s)

@@ -1,0 +1,72 @@
+"""Checkpoints: model, AdamW, step and RNG in the staging folder of the draft artifact, full tensors
+keyed by name (a run saved on N GPUs resumes on any number), written by rank 0; `restore` resumes from
+the newest one and trims the training log back to it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from steps.lib.artifacts import DRAFT_LOG_FILE, DRAFT_MODEL_FILE
+from steps.lib.runtime import distributed
+from steps.lib.training.trainer import Trainer
+
+CKPT_PREFIX = "checkpoint-"
+#: the weights of the best τ_sim so far (steps/lib/training/evaluate.py), in the staging folder until commit.
+BEST_FILE = "best-draft.safetensors"
+
+
+def fp32_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A state dict as written to disk: floating tensors fp32, everything contiguous (safetensors needs it)."""
+    return {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous() for k, v in state.items()}
+
+
+def save_checkpoint(staging: Path, step: int, tr: Trainer, state: dict[str, Any]) -> None:
+    """checkpoint-{step}/ with model.safetensors, optimizer.pt, rng.safetensors, state.json (last).
+
+    Full tensors keyed by parameter name whatever the world size (a run saved on 8 GPUs resumes on
+    1); gathered by every rank (FSDP), written by rank 0."""
+    weights, opt_state = distributed.full_state(tr.draft, tr.opt)
+    if not tr.world.is_main:
+        return
+    d = staging / f"{CKPT_PREFIX}{step:08d}"
+    d.mkdir(parents=True, exist_ok=True)
+    save_file(fp32_state(weights), str(d / DRAFT_MODEL_FILE))
+    torch.save(opt_state, d / "optimizer.pt")
+    save_file({"cpu": torch.get_rng_state()}, str(d / "rng.safetensors"))
+    (d / "state.json").write_text(json.dumps({**state, "step": step, "world_size": tr.world.size}))
+    for old in staging.glob(f"{CKPT_PREFIX}*"):                 # keep only the newest
+        if old != d:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(staging: Path, tr: Trainer) -> dict[str, Any] | None:
+    """Restore the newest complete checkpoint (one with state.json) on every rank; None when there is none."""
+    done = sorted(p for p in staging.glob(f"{CKPT_PREFIX}*") if (p / "state.json").is_file())
+    if not done:
+        return None
+    d = done[-1]
+    distributed.load_full_state(tr.draft, tr.opt, load_file(str(d / DRAFT_MODEL_FILE)),
+                                torch.load(d / "optimizer.pt", weights_only=True))
+    torch.set_rng_state(load_file(str(d / "rng.safetensors"))["cpu"])
+    state = json.loads((d / "state.json").read_text())
+    state.pop("world_size", None)                               # the world it was saved at: informative only
+    return state
+
+
+def restore(staging: Path, tr: Trainer) -> tuple[dict[str, Any], list[dict]]:
+    """Resume state from the newest checkpoint (or a fresh one) and, on rank 0, the log up to it."""
+    state = load_checkpoint(staging, tr) or {"step": 0, "tokens": 0, "train_s": 0.0, "shards_read": []}
+    if not tr.world.is_main:                                   # only rank 0 reads or writes the log
+        return state, []
+    log_path = staging / DRAFT_LOG_FILE
+    kept = [ln for ln in (log_path.read_text().splitlines() if log_path.exists() else [])
+            if json.loads(ln)["step"] < state["step"]]
+    log_path.write_text("".join(ln + "\n" for ln in kept))    # drop steps after the checkpoint
+    return state, [json.loads(ln) for ln in kept[-10:]]

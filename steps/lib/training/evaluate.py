@@ -1,0 +1,144 @@
+"""τ while training: the simulated acceptance length (τ_sim) of the draft on a held-out split of the
+hidden states, and the choice of the best checkpoint by it (SpecForge's `simulated_acc_len`, NeMo
+Automodel's `tau_sim`: loss and top-1 accuracy do not say how many drafts a server will accept).
+
+The held-out split: `train.eval_fraction` of each shard's sequences, chosen with the run's seed before
+the plan is built, never trained on (`held_out`); at most `train.eval_max_tokens` of them are
+evaluated (`EvalSet`, read once and kept in memory).
+
+τ_sim, teacher forced: every position p whose next-but-one token x[p+2] is an assistant token starts
+one simulated verify round. The draft runs the same training-time-test unroll it is trained with
+(`ttt_unroll`, k = `verify.num_steps` steps), chain step j fed the real token x[p+1+j]; its drafted
+target id at step j is compared with x[p+2+j]. The data is regenerated greedily by the target, so
+x[p+2+j] is the target's argmax there and, while every earlier draft was accepted, x[p+1+j] is what
+the engine would have fed. The accepted count of a round is `steps.lib.metrics.accepted_prefix` — the
+rule the reference engine verifies with — and τ comes from `AcceptStats`, as verify's does. Rounds
+start at every assistant position rather than every (a+1)-th, so τ_sim estimates the same mean with
+more rounds; a chain running past the end of its assistant span stops there (a lower bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from steps.lib.config import PipelineConfig
+from steps.lib.metrics import AcceptStats, accepted_prefix
+from steps.lib.model.draft import Eagle3Draft
+from steps.lib.runtime import distributed
+from steps.lib.training.checkpoint import BEST_FILE, fp32_state
+from steps.lib.training.plan import Batch, ShardReader, make_batch, pack
+from steps.lib.training.trainer import Trainer
+from steps.lib.training.ttt import loss_positions, ttt_unroll
+
+
+def held_out(shard_lengths: dict[str, list[int]], fraction: float, seed: int) -> dict[str, set[int]]:
+    """Sequence indices of each shard kept out of training: a seeded `fraction` of each shard (at least
+    one where the shard has two or more sequences and fraction > 0; none when fraction is 0)."""
+    out: dict[str, set[int]] = {}
+    for k, name in enumerate(sorted(shard_lengths)):
+        n = len(shard_lengths[name])
+        take = 0 if fraction <= 0 or n < 2 else min(n - 1, max(1, round(fraction * n)))
+        g = torch.Generator().manual_seed(seed * 7_919 + k)
+        out[name] = set(torch.randperm(n, generator=g)[:take].tolist())
+    return out
+
+
+@dataclass
+class EvalSet:
+    """Held-out rows, packed like training rows (same `max_length`), one batch per shard."""
+    batches: list[Batch]
+
+    @property
+    def tokens(self) -> int:
+        return sum(b.tokens for b in self.batches)
+
+
+def load_eval_set(reader: ShardReader, shard_lengths: dict[str, list[int]], held: dict[str, set[int]], *,
+                  max_length: int, max_tokens: int) -> EvalSet:
+    """Read the held-out sequences (in shard order) until `max_tokens`; the shards are read once."""
+    batches, left = [], max_tokens
+    for name in sorted(held):
+        if left <= 0:
+            break
+        lengths = shard_lengths[name]
+        chosen = []
+        for i in sorted(held[name]):
+            if left <= 0:
+                break
+            chosen.append(i)
+            left -= min(lengths[i], max_length)
+        if chosen:
+            batches.append(make_batch(reader.load(name), pack(lengths, chosen, max_length), max_length))
+    return EvalSet(batches)
+
+
+@torch.no_grad()
+def simulated_acceptance(model: Eagle3Draft, batch: Batch, num_steps: int) -> AcceptStats:
+    """Teacher-forced accept counts of every round a batch holds (see the module docstring)."""
+    # in_span[j][b, p]: x[p+2+j] is an assistant token of p's sequence (no draft-vocab condition: a token
+    # outside the draft vocab is simply never matched)
+    in_span = loss_positions(batch, torch.ones_like(model.t2d), num_steps)
+    length = batch.doc.shape[1]
+    match = []
+    for j, (out, lay) in enumerate(ttt_unroll(model, batch, num_steps, in_span)):
+        b, p = in_span[j].nonzero(as_tuple=True)
+        ok = torch.zeros_like(in_span[j])
+        if len(b):
+            drafted = model.draft_to_target(model.compute_logits(out[b, lay.inv[b, p]]).argmax(-1))
+            ok[b, p] = drafted == batch.input_ids[b, (p + 2 + j).clamp(max=length - 1)]
+        match.append(ok)
+    rounds = accepted_prefix(torch.stack(match, -1))[in_span[0]]
+    return AcceptStats(num_steps, torch.bincount(rounds, minlength=num_steps + 1).tolist())
+
+
+def evaluate(model: Eagle3Draft, eval_set: EvalSet, num_steps: int) -> dict[str, Any]:
+    """τ_sim and per-position acceptance of the held-out split (the draft left in training mode after)."""
+    was_training = model.training
+    model.eval()
+    total = AcceptStats(num_steps)
+    for batch in eval_set.batches:
+        total.merge(simulated_acceptance(model, batch.to(model.d2t.device), num_steps))
+    model.train(was_training)
+    return {"tau_sim": total.tau, "per_position_sim": total.per_position, "rounds_sim": total.verify_steps}
+
+
+def due(step: int, total: int, every: int) -> bool:
+    """Evaluate after optimizer step `step` (1-based)? Every `every` steps and after the last one."""
+    return every > 0 and (step % every == 0 or step == total)
+
+
+def better(tau: float, best: dict[str, Any] | None) -> bool:
+    """A strictly higher τ_sim replaces the best (ties keep the earlier, less trained checkpoint)."""
+    return best is None or tau > best["tau_sim"]
+
+
+def track_best(cfg: PipelineConfig, tr: Trainer, eval_set: EvalSet, staging: Path, state: dict[str, Any],
+               step: int) -> dict[str, Any]:
+    """Evaluate after optimizer step `step` (1-based); a new best τ_sim is recorded in the run state
+    (checkpointed with it) and, with `train.keep_best`, its weights written to `staging/BEST_FILE`.
+    -> the evaluation's fields for the training log."""
+    ev = evaluate(tr.draft, eval_set, cfg.verify.num_steps)
+    state["last_eval"] = {"step": step, "tau_sim": ev["tau_sim"]}
+    if better(ev["tau_sim"], state.get("best")):
+        state["best"] = {"step": step, "tau_sim": ev["tau_sim"]}
+        if cfg.train.keep_best:
+            weights = fp32_state(distributed.full_state(tr.draft)[0])   # collective under FSDP
+            if tr.world.is_main:
+                save_file(weights, str(staging / BEST_FILE))
+    return ev
+
+
+def exported_checkpoint(cfg: PipelineConfig, staging: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Which checkpoint the artifact holds and its τ_sim: the best one with `train.keep_best` (when its
+    weights are there), else the last. {} when nothing was evaluated."""
+    best, last = state.get("best"), state.get("last_eval")
+    if best is None or last is None:
+        return {}
+    pick = best if cfg.train.keep_best and (staging / BEST_FILE).is_file() else last
+    return {"tau_sim": pick["tau_sim"], "exported_step": pick["step"], "tau_sim_best": best["tau_sim"],
+            "best_step": best["step"], "tau_sim_last": last["tau_sim"]}
