@@ -200,19 +200,19 @@ def bench_train(args: argparse.Namespace, ttt: int) -> dict:
     draft.t2d.copy_(t2d)
     if DEVICE.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    tr = build_trainer(cfg, Setup(draft, head_rows, None, [], {}), world)
+    tr = build_trainer(cfg.train, Setup(draft, head_rows, None, [], {}), world)
     cpu_batch = synthetic_batch(dcfg, t2d, tokens=args.train_tokens, seq_len=SEQ, seed=0)
     batch = Batch(*(getattr(cpu_batch, f).to(DEVICE) for f in Batch.__dataclass_fields__))
     with torch.no_grad(), torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=DEVICE.type == "cuda"):
         same = {a: float(ttt_loss(draft, batch, tr.head_rows, steps=ttt, decay=cfg.train.step_decay,
                                   attention=a)[0]) for a in ("sdpa", "flex" if DEVICE.type == "cuda" else "sdpa")}
-    first = [round(train_step(tr, batch, cfg=cfg, lr=1e-4)["loss"], 4) for _ in range(3)]   # compiles
+    first = [round(train_step(tr, batch, t=cfg.train, lr=1e-4)["loss"], 4) for _ in range(3)]   # compiles
     _sync()
     if args.profile:
-        profile(lambda: train_step(tr, batch, cfg=cfg, lr=1e-4), Path(args.out or ".") / f"profile-ttt{ttt}.txt")
+        profile(lambda: train_step(tr, batch, t=cfg.train, lr=1e-4), Path(args.out or ".") / f"profile-ttt{ttt}.txt")
     t0 = time.perf_counter()
     for _ in range(args.iters):
-        train_step(tr, batch, cfg=cfg, lr=1e-4)
+        train_step(tr, batch, t=cfg.train, lr=1e-4)
     _sync()
     step = (time.perf_counter() - t0) / args.iters
     flops = matmul_flops(dcfg, cpu_batch, t2d, ttt)

@@ -177,7 +177,7 @@ def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[st
     from steps.verify import measure, summarize
 
     draft, report = load_sglang_draft(sglang_dir, target=target)
-    engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir), num_steps=cfg.verify.num_steps)
+    engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir), num_steps=cfg.serve.num_steps)
     total, rows = measure(engine, prompts if prompts is not None else held_out_prompts(cfg, tokenizer),
                           cfg.verify.max_new_tokens, tokenizer.eos_token_id)
     return {**summarize(total, rows), "dropped_keys": report.dropped, "missing_params": report.missing}

@@ -114,10 +114,10 @@ def bench_train(world: distributed.World, args: argparse.Namespace, parallel: st
     draft.t2d.copy_(t2d)
     if world.device.type == "cuda" and torch.cuda.is_initialized():    # nothing to reset before the first use
         torch.cuda.reset_peak_memory_stats(world.device)
-    tr = build_trainer(cfg, Setup(draft, head_rows, None, [], {}), world)
+    tr = build_trainer(cfg.train, Setup(draft, head_rows, None, [], {}), world)
     batch = synthetic_batch(dcfg, t2d, tokens=args.tokens_per_gpu, seq_len=args.seq_len, seed=world.rank)
     batch = Batch(*(getattr(batch, f).to(world.device) for f in Batch.__dataclass_fields__))
-    seconds = timed(world, lambda: train_step(tr, batch, cfg=cfg, lr=1e-4), warmup=args.warmup, iters=args.iters)
+    seconds = timed(world, lambda: train_step(tr, batch, t=cfg.train, lr=1e-4), warmup=args.warmup, iters=args.iters)
     rate, slowest = job_rate(world, batch.tokens, seconds)
     return {"what": "train", "shape": args.shape, "gpus": world.size, "parallel": tr.parallel,
             "ttt_steps": args.ttt_steps, "tokens_per_gpu": batch.tokens, "step_s": round(slowest, 4),

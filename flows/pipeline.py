@@ -8,10 +8,10 @@ of its hardware class, started with `run_deployment`; on the local process pool 
 whose step runs as its own `python -m steps.<step>` process (`flows/step_process.py`). Either way each
 step call is a task with a persisted result and a cache policy scoped to this flow run, so retrying a
 failed run re-runs only the failed step and those after it; the earlier ones show as Cached. Prefect
-does not fail a parent when a child run fails: `call_step` raises for it.
+does not fail a parent when a child run fails: `step_task` raises for it.
 
 After the benchmark the gate decides. Promote → move `production` inside a transaction
-(`flows/gate.py`); the run ends Completed, named `Promoted`. A challenger that is not better ends
+(`flows/promotion.py`); the run ends Completed, named `Promoted`. A challenger that is not better ends
 `Rejected` (Completed: a normal outcome, the reasons in its message), production re-measured as it
 recorded ends `Current`. Zero acceptance, or production re-measured below its own record (`degraded`)
 → the gate ran the doctor; a fault this run can fix (F1, F6 on a server it launched) gets one relaunch
@@ -34,14 +34,14 @@ from prefect.logging.handlers import APILogHandler
 from prefect.states import Completed, Failed, State
 
 from flows import ui
-from flows.gate import current_flow_run_id, promote_in_transaction
+from flows.promotion import current_flow_run_id, promote_in_transaction
 from flows.reuse import remember, resolve
-from flows.step_flows import STEPS, flow_of, run_step_reporting
+from flows.step_flows import flow_of, run_step_reporting
 from flows.step_process import warm_up
 from steps.lib.config import PipelineConfig, find_config, load_config
 from steps.lib.store import open_store, store_uri_for
 
-__all__ = ["STEPS", "StepRunFailed", "eagle3_pipeline", "call_step"]
+__all__ = ["StepRunFailed", "eagle3_pipeline", "step_task"]
 
 
 #: the process pool of one machine (deploy/prefect.yaml `local`): its steps run as subflows of the pipeline
@@ -53,7 +53,7 @@ class StepRunFailed(RuntimeError):
 
 
 @task(name="step", task_run_name="{label}", persist_result=True, cache_policy=INPUTS + TASK_SOURCE + RUN_ID)
-def call_step(label: str, step: str, config: str, overrides: list[str], store: str | None, inputs: dict[str, str],
+def step_task(label: str, step: str, config: str, overrides: list[str], store: str | None, inputs: dict[str, str],
               options: dict[str, Any], mode: str, pool: str, reuse: bool = True) -> dict[str, Any]:
     """Run one step in-process or as the deployment `<step>/<step>-<pool>`; its record either way. A call
     whose artifact is already stored is answered from the store's call index without a child run
@@ -145,7 +145,7 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
         # decided in this process rather than in a child run of its own
         stored = any(r["id"] == inputs.get("benchmark") and r.get("reused") for r in done.values())
         call_mode = "local" if name == "gate" and stored else mode
-        record = call_step(key or name, name, config, overrides, store_uri, inputs, options or {}, call_mode, pool,
+        record = step_task(key or name, name, config, overrides, store_uri, inputs, options or {}, call_mode, pool,
                            reuse)
         done[key or name] = record
         return record["id"]

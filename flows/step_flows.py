@@ -28,14 +28,7 @@ from steps.lib.artifacts import DRAFT_LOG_FILE
 from steps.lib.config import find_config
 from steps.lib.runtime import progress
 from steps.lib.runtime.redaction import install_log_redaction
-from steps.registry import DEFAULT_CONFIG, call_step, open_config
-from steps.registry import STEPS as REGISTRY
-
-#: views of the one table, steps/registry.py: step → (module, the artifact ids its run() takes, in order;
-#: options it accepts as keyword arguments), and step → hardware class (DESIGN.md: one image per class)
-STEPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    s.name: (s.module, s.inputs, s.option_names) for s in REGISTRY.values()}
-HARDWARE: dict[str, str] = {s.name: s.hardware for s in REGISTRY.values()}
+from steps.registry import DEFAULT_CONFIG, STEPS, call_step, open_config
 
 
 def run_step_reporting(step: str, config: str, overrides: list[str] | None, store_uri: str | None,
@@ -90,8 +83,8 @@ def _step_flow(step: str):
     # so ten flows sharing one would find each other's runs (a retried pipeline got target's record back as
     # its benchmark's)
     step_flow.__name__ = step_flow.__qualname__ = f"{step}_flow"
-    return flow(name=step, description=f"eaglenest step `eaglenest {step}`: {REGISTRY[step].help} "
-                                       f"({HARDWARE[step]} pool)",
+    return flow(name=step, description=f"eaglenest step `eaglenest {step}`: {STEPS[step].help} "
+                                       f"({STEPS[step].hardware} pool)",
                 persist_result=True, flow_run_name=f"{step}-{{config}}", log_prints=True)(step_flow)
 
 
@@ -103,5 +96,5 @@ def flow_of(step: str) -> Any:
 # The Prefect entrypoints `flows/step_flows.py:<step>_flow` (deploy/prefect.yaml): Prefect runs this file and
 # looks the name up, so generating them from the registry is enough; tests/unit/test_deploy.py checks that
 # prefect.yaml names exactly these.
-for _step in REGISTRY:
+for _step in STEPS:
     globals()[f"{_step}_flow"] = _step_flow(_step)

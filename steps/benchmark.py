@@ -35,10 +35,10 @@ from typing import Any
 from steps.lib.artifacts import load_tokenizer
 from steps.lib.config import BenchmarkConfig, PipelineConfig, config_dict
 from steps.lib.data.prompts import chat_token_ids, held_out_prompts, load_humaneval
+from steps.lib.http import get_json, json_stream, post_json
 from steps.lib.metrics import AcceptStats, acceptance_length_from_requests
 from steps.lib.runtime.processes import forwarding_signals
 from steps.lib.serving import start as serving
-from steps.lib.serving.launch import get_json, post_json
 from steps.lib.store import Manifest, Store, artifact_id, utc_now
 from steps.registry import step_main
 
@@ -76,11 +76,9 @@ def generate(base_url: str, input_ids: list[int], *, max_new_tokens: int, temper
 def stream_completion(base_url: str, prompt: str, *, max_tokens: int, temperature: float) -> dict[str, Any]:
     """One streamed /v1/completions request: time to first text chunk and the gaps between chunks."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True}
-    req = urllib.request.Request(f"{base_url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     arrivals, usage = [], {}
-    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as response:
+    with json_stream(f"{base_url}/v1/completions", body, REQUEST_TIMEOUT_S) as response:
         for raw in response:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":

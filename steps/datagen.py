@@ -33,6 +33,7 @@ from typing import Any
 from steps.lib.artifacts import conversations_path, inference_device, load_target, load_tokenizer
 from steps.lib.config import DatagenConfig, PipelineConfig
 from steps.lib.data.prompts import load_prompts, source_files_sha256
+from steps.lib.http import get_json, post_json
 from steps.lib.model.decode import cpu_threads, decode, sampling_generator, torch_threads
 from steps.lib.runtime import progress
 from steps.lib.store import Manifest, Store, artifact_id, canonical_json
@@ -168,18 +169,11 @@ def chat_completions_url(server_url: str) -> str:
     return f"{base}/chat/completions" if base.endswith("/v1") else f"{base}/v1/chat/completions"
 
 
-def _http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = REQUEST_TIMEOUT_S) -> Any:
-    data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
 def served_model_name(server_url: str, fallback: str) -> str:
     """The first model the server lists (vLLM rejects requests naming any other)."""
     try:
-        return _http_json(chat_completions_url(server_url).replace("/chat/completions", "/models"),
-                          timeout=30)["data"][0]["id"]
+        return get_json(chat_completions_url(server_url).replace("/chat/completions", "/models"),
+                        timeout_s=30)["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError):
         return fallback
 
@@ -193,7 +187,7 @@ def _openai_one(url: str, model: str, prompt: dict[str, Any], dg: DatagenConfig,
         payload["seed"] = seed
     for attempt in range(dg.retries + 1):
         try:
-            resp = _http_json(url, payload)
+            resp = post_json(url, payload, timeout_s=REQUEST_TIMEOUT_S)
             choice = resp["choices"][0]
             return {"text": choice["message"]["content"] or "", "finished": choice.get("finish_reason") == "stop",
                     "tokens": int((resp.get("usage") or {}).get("completion_tokens") or 0), "error": None}

@@ -79,6 +79,50 @@ def read_sequences(store: Store, dataset_id: str, max_length: int) -> list[dict[
 # --- planning -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class ShardFormat:
+    """What every shard of one `hidden` artifact holds: which layers (internal ids), how wide, stored how.
+    Built once per run (the storage dtype checked there), handed to the planner, the capture and the writer."""
+    layer_ids: tuple[int, ...]
+    hidden_size: int
+    storage_dtype: str
+
+    def __post_init__(self) -> None:
+        bytes_per_token(self.hidden_size, self.num_aux, self.storage_dtype)   # raises on an unknown dtype
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.layer_ids)
+
+    def bytes_bound(self, tokens: int, sequences: int) -> int:
+        return shard_bytes_bound(tokens, sequences, hidden_size=self.hidden_size, num_aux=self.num_aux,
+                                 storage_dtype=self.storage_dtype)
+
+
+@dataclass(frozen=True)
+class DiskShare:
+    """This rank's part of `extract.disk_budget` (F8): each of the job's ranks writes under budget / ranks."""
+    budget_bytes: int
+    world_size: int = 1
+
+    @property
+    def bytes(self) -> int:
+        return self.budget_bytes // self.world_size
+
+    def check_fits(self, shards: list[ShardPlan]) -> None:
+        """Refuse, before any work, a budget whose share cannot hold the largest shard (a ConfigError: the fix
+        is a config value, so the CLI prints it as one line, exit 2)."""
+        too_big = max(shards, key=lambda s: s.bytes_bound) if shards else None
+        if too_big is None or too_big.bytes_bound <= self.bytes:
+            return
+        ranks = f" shared by {self.world_size} ranks ({self.bytes} bytes each)" if self.world_size > 1 else ""
+        raise ConfigError(
+            f"extract.disk_budget={self.budget_bytes} bytes{ranks} cannot hold even one shard: shard "
+            f"{too_big.index} ({too_big.tokens} tokens) needs up to {too_big.bytes_bound} bytes. "
+            f"Raise extract.disk_budget to at least {too_big.bytes_bound * self.world_size}, or lower "
+            f"extract.shard_tokens (or extract.max_length, which bounds a single sequence)")
+
+
+@dataclass(frozen=True)
 class ShardPlan:
     index: int
     sequences: tuple[int, ...]   # indices into the dataset's sequence list
@@ -90,8 +134,7 @@ class ShardPlan:
         return SHARD_PATH.format(self.index)
 
 
-def plan_shards(lengths: list[int], shard_tokens: int, *, hidden_size: int, num_aux: int,
-                storage_dtype: str) -> list[ShardPlan]:
+def plan_shards(lengths: list[int], shard_tokens: int, fmt: ShardFormat) -> list[ShardPlan]:
     """Cut the sequence list, in order, into shards of about `shard_tokens` tokens (whole sequences).
 
     Deterministic in (lengths, shard_tokens): shard i of a resumed run holds the same sequences.
@@ -108,28 +151,18 @@ def plan_shards(lengths: list[int], shard_tokens: int, *, hidden_size: int, num_
     plans = []
     for k, seqs in enumerate(groups):
         t = sum(lengths[i] for i in seqs)
-        plans.append(ShardPlan(k, tuple(seqs), t, shard_bytes_bound(
-            t, len(seqs), hidden_size=hidden_size, num_aux=num_aux, storage_dtype=storage_dtype)))
+        plans.append(ShardPlan(k, tuple(seqs), t, fmt.bytes_bound(t, len(seqs))))
     return plans
 
 
-def plan_rounds(shards: list[ShardPlan], disk_budget_bytes: int, world_size: int = 1) -> list[list[ShardPlan]]:
-    """Group shards into rounds whose summed size bound fits this rank's share of the disk budget (F8)."""
-    share = disk_budget_bytes // world_size
-    too_big = max(shards, key=lambda s: s.bytes_bound) if shards else None
-    if too_big is not None and too_big.bytes_bound > share:
-        ranks = f" shared by {world_size} ranks ({share} bytes each)" if world_size > 1 else ""
-        # a ConfigError (a ValueError): the fix is a config value, so the CLI prints it as one line, exit 2
-        raise ConfigError(
-            f"extract.disk_budget={disk_budget_bytes} bytes{ranks} cannot hold even one shard: shard "
-            f"{too_big.index} ({too_big.tokens} tokens) needs up to {too_big.bytes_bound} bytes. "
-            f"Raise extract.disk_budget to at least {too_big.bytes_bound * world_size}, or lower "
-            f"extract.shard_tokens (or extract.max_length, which bounds a single sequence)")
-    disk_budget_bytes = share
+def plan_rounds(shards: list[ShardPlan], share: DiskShare) -> list[list[ShardPlan]]:
+    """Group shards into rounds whose summed size bound fits this rank's share of the disk budget (F8);
+    `share.check_fits` has refused a shard that fits no round."""
+    budget = share.bytes
     rounds: list[list[ShardPlan]] = [[]]
     used = 0
     for s in shards:
-        if rounds[-1] and used + s.bytes_bound > disk_budget_bytes:
+        if rounds[-1] and used + s.bytes_bound > budget:
             rounds.append([])
             used = 0
         rounds[-1].append(s)
@@ -160,7 +193,7 @@ class ScratchDir:
 
 
 def submit_shard(w: ShardWriter, backend: CaptureBackend, plan: ShardPlan, sequences: list[dict[str, list[int]]],
-                 path: Path, *, batch_size: int, storage_dtype: str) -> None:
+                 path: Path, *, batch_size: int, fmt: ShardFormat) -> None:
     """Capture one shard's sequences in batches, each handed to the writer as soon as it is queued
     on the device (the GPU goes on with the next batch while the host takes this one)."""
     seqs = [sequences[i] for i in plan.sequences]
@@ -169,23 +202,23 @@ def submit_shard(w: ShardWriter, backend: CaptureBackend, plan: ShardPlan, seque
     by_length = sorted(range(len(seqs)), key=lambda k: len(seqs[k]["input_ids"]))
     for start in range(0, len(seqs), batch_size):
         keys = by_length[start:start + batch_size]
-        w.submit(job, keys, backend.capture_async([seqs[k]["input_ids"] for k in keys], storage_dtype))
+        w.submit(job, keys, backend.capture_async([seqs[k]["input_ids"] for k in keys], fmt.storage_dtype))
     w.finish(job)
 
 
-def shard_file_writer(layer_ids: list[int], storage_dtype: str) -> Callable[[ShardJob], int]:
+def shard_file_writer(fmt: ShardFormat) -> Callable[[ShardJob], int]:
     """The writer's `write`: a filled job as one shard file -> its bytes."""
     def write(job: ShardJob) -> int:
-        return write_encoded(job.path, job.input_ids, job.loss_masks, job.rows, layer_ids=layer_ids,
-                             storage_dtype=storage_dtype)["bytes"]
+        return write_encoded(job.path, job.input_ids, job.loss_masks, job.rows, layer_ids=list(fmt.layer_ids),
+                             storage_dtype=fmt.storage_dtype)["bytes"]
     return write
 
 
 def extract_shard(backend: CaptureBackend, plan: ShardPlan, sequences: list[dict[str, list[int]]],
-                  path: Path, *, batch_size: int, layer_ids: list[int], storage_dtype: str) -> None:
+                  path: Path, *, batch_size: int, fmt: ShardFormat) -> None:
     """Capture one shard's sequences and write it, waiting for the file (one shard of `run_rounds`)."""
-    with ShardWriter(shard_file_writer(layer_ids, storage_dtype), budget_bytes=plan.bytes_bound) as w:
-        submit_shard(w, backend, plan, sequences, path, batch_size=batch_size, storage_dtype=storage_dtype)
+    with ShardWriter(shard_file_writer(fmt), budget_bytes=plan.bytes_bound) as w:
+        submit_shard(w, backend, plan, sequences, path, batch_size=batch_size, fmt=fmt)
 
 
 def upload_and_verify(writer: ArtifactWriter, plan: ShardPlan) -> dict[str, Any]:
@@ -211,28 +244,27 @@ def check_resumed(writer: ArtifactWriter, plans: list[ShardPlan]) -> None:
 
 
 def run_rounds(writer: ArtifactWriter, backend: CaptureBackend, rounds: list[list[ShardPlan]],
-               sequences: list[dict[str, list[int]]], scratch: ScratchDir, *, cfg: PipelineConfig,
-               layer_ids: list[int], budget_bytes: int, bar: Any) -> dict[str, Any]:
+               sequences: list[dict[str, list[int]]], scratch: ScratchDir, *, batch_size: int,
+               fmt: ShardFormat, share: DiskShare, bar: Any) -> dict[str, Any]:
     """capture → write locally → upload → verify → delete for this rank's shards, overlapped (`ShardWriter`):
-    a shard is written only when its size bound fits in `budget_bytes` beside the shards awaiting upload.
+    a shard is written only when its size bound fits in this rank's `share` beside the shards awaiting upload.
     `rounds` (planned by `plan_rounds`) is how many budget-fulls the shards make; `capture_s` is the
     wall time of the whole pipeline, the last upload included."""
-    ex = cfg.extract
     computed, computed_tokens = 0, 0
     t0 = time.perf_counter()
-    with ShardWriter(shard_file_writer(layer_ids, ex.storage_dtype), budget_bytes=budget_bytes,
+    with ShardWriter(shard_file_writer(fmt), budget_bytes=share.bytes,
                      upload=lambda job: upload_and_verify(writer, job.tag),
                      written=lambda job: scratch.measure()) as w:
         for r, shards in enumerate(rounds):
             for plan in shards:
-                submit_shard(w, backend, plan, sequences, scratch.root / plan.path, batch_size=ex.batch_size,
-                             storage_dtype=ex.storage_dtype)
+                submit_shard(w, backend, plan, sequences, scratch.root / plan.path, batch_size=batch_size,
+                             fmt=fmt)
                 computed += 1
                 computed_tokens += plan.tokens
                 bar.update(plan.tokens)
             log.info("extract round %d/%d: %d shards, %d tokens captured; local peak so far %d bytes (budget %d)",
                      r + 1, len(rounds), len(shards), sum(s.tokens for s in shards), scratch.peak_bytes,
-                     budget_bytes)
+                     share.bytes)
     return {"rounds": len(rounds), "computed_shards": computed, "computed_tokens": computed_tokens,
             "capture_s": time.perf_counter() - t0, "peak_local_bytes": scratch.peak_bytes}
 
@@ -264,8 +296,9 @@ def hidden_id(cfg: PipelineConfig, target_id: str, dataset_id: str) -> str:
 
 
 def extract_range(writer: ArtifactWriter, mine: list[ShardPlan], sequences: list[dict[str, list[int]]],
-                  scratch: ScratchDir, *, cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int],
-                  tcfg: dict[str, Any], world: distributed.World, done_tokens: int) -> dict[str, Any]:
+                  scratch: ScratchDir, *, cfg: PipelineConfig, store: Store, target_id: str, fmt: ShardFormat,
+                  share: DiskShare, tcfg: dict[str, Any], world: distributed.World,
+                  done_tokens: int) -> dict[str, Any]:
     """This rank's shards, in rounds under its share of the budget -> its stats (the progress bar:
     rank 0's range, which the others' match within one shard)."""
     stats = {"rank": world.rank, "shards": [p.index for p in mine], "rounds": 0, "computed_shards": 0,
@@ -273,13 +306,11 @@ def extract_range(writer: ArtifactWriter, mine: list[ShardPlan], sequences: list
     total = done_tokens + sum(p.tokens for p in mine)
     with distributed.progress_bar(world, total=total, initial=done_tokens, desc="extract", unit="tok") as bar:
         if mine:
-            backend = make_backend(cfg, store, target_id, layer_ids, tcfg, world.device)
-            rounds = plan_rounds(mine, cfg.extract.disk_budget_bytes, world.size)
-            stats.update(run_rounds(writer, backend, rounds, sequences, scratch, cfg=cfg, layer_ids=layer_ids,
-                                    budget_bytes=cfg.extract.disk_budget_bytes // world.size, bar=bar))
+            backend = make_backend(cfg, store, target_id, list(fmt.layer_ids), tcfg, world.device)
+            stats.update(run_rounds(writer, backend, plan_rounds(mine, share), sequences, scratch,
+                                    batch_size=cfg.extract.batch_size, fmt=fmt, share=share, bar=bar))
     # F8: what the plan promised, measured; a rank that overran its share must not publish the artifact.
-    budget = check_disk_budget(stats["peak_local_bytes"], cfg.extract.disk_budget_bytes // world.size,
-                               where=f"extract rank {world.rank}")
+    budget = check_disk_budget(stats["peak_local_bytes"], share.bytes, where=f"extract rank {world.rank}")
     if budget.status == "fail":
         raise ArtifactError(str(budget))
     return stats
@@ -299,9 +330,10 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
     tcfg = target_config(store, target_id)
     layer_ids = resolve_aux_layer_ids(cfg, tcfg["num_hidden_layers"])
     sequences = read_sequences(store, dataset_id, ex.max_length)
-    plans = plan_shards([len(s["input_ids"]) for s in sequences], ex.shard_tokens,
-                        hidden_size=tcfg["hidden_size"], num_aux=len(layer_ids), storage_dtype=ex.storage_dtype)
-    plan_rounds(plans, ex.disk_budget_bytes, world.size)  # fail before any work if one shard cannot fit
+    fmt = ShardFormat(tuple(layer_ids), tcfg["hidden_size"], ex.storage_dtype)
+    share = DiskShare(ex.disk_budget_bytes, world.size)
+    plans = plan_shards([len(s["input_ids"]) for s in sequences], ex.shard_tokens, fmt)
+    share.check_fits(plans)                                  # fail before any work if one shard cannot fit
     writer, scratch = begin_hidden(store, cfg, art_id, inputs) if world.is_main else (None, None)
     # One attempt per job: rank 0 holds the lease (or found the artifact committed meanwhile), the others join.
     attempt = distributed.all_gather_object(world, writer.attempt if writer else None)[0]
@@ -314,13 +346,13 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
     mine = distributed.split_contiguous(todo, world)
     done_tokens = sum(p.tokens for p in plans) - sum(p.tokens for p in todo)
     stats = extract_range(writer, mine, sequences, scratch, cfg=cfg, store=store, target_id=target_id,
-                          layer_ids=layer_ids, tcfg=tcfg, world=world, done_tokens=done_tokens)
+                          fmt=fmt, share=share, tcfg=tcfg, world=world, done_tokens=done_tokens)
     ranks = distributed.all_gather_object(world, stats)       # also: every rank's uploads are done
     if world.is_main:
         if world.distributed:                                  # see the other ranks' uploads too
             writer.reload()
         writer.commit(metrics=extract_metrics(writer, plans, ranks),
-                      meta=extract_meta(writer, plans, cfg, tcfg, layer_ids, ranks))
+                      meta=extract_meta(writer, plans, cfg, tcfg, fmt, ranks))
         shutil.rmtree(scratch_root(store, art_id), ignore_errors=True)
     distributed.barrier(world)                                 # the manifest exists for every rank now
     return store.manifest("hidden", art_id)
@@ -338,14 +370,14 @@ def extract_metrics(writer: ArtifactWriter, plans: list[ShardPlan], ranks: list[
 
 
 def extract_meta(writer: ArtifactWriter, plans: list[ShardPlan], cfg: PipelineConfig, tcfg: dict[str, Any],
-                 layer_ids: list[int], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+                 fmt: ShardFormat, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """peak_local_bytes sums the ranks' peaks: an upper bound on what the host's disk held at once."""
     ex = cfg.extract
     computed = sum(r["computed_shards"] for r in ranks)
     return {
-        "layer_ids": layer_ids, "hidden_size": tcfg["hidden_size"], "num_aux": len(layer_ids),
-        "num_hidden_layers": tcfg["num_hidden_layers"], "storage_dtype": ex.storage_dtype,
-        "bytes_per_token": bytes_per_token(tcfg["hidden_size"], len(layer_ids), ex.storage_dtype),
+        "layer_ids": list(fmt.layer_ids), "hidden_size": fmt.hidden_size, "num_aux": fmt.num_aux,
+        "num_hidden_layers": tcfg["num_hidden_layers"], "storage_dtype": fmt.storage_dtype,
+        "bytes_per_token": bytes_per_token(fmt.hidden_size, fmt.num_aux, fmt.storage_dtype),
         "tokens": sum(p.tokens for p in plans),
         "sequences": sum(len(p.sequences) for p in plans),
         "bytes": sum(writer.uploaded(p.path)["size"] for p in plans),

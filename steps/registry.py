@@ -268,7 +268,7 @@ def _run(step: Step, args: argparse.Namespace) -> int:
     from steps.lib.config import find_config, load_config
 
     cfg = load_config(find_config(args.config), args.overrides)
-    module = importlib.import_module(step.module)
+    module = step_module(step)
     if step.hook is not None:
         code = getattr(module, step.hook)(cfg, args)
         if code is not None:
@@ -295,6 +295,16 @@ def _run(step: Step, args: argparse.Namespace) -> int:
     return int(getattr(module, step.exit_code)(manifest)) if step.exit_code else 0
 
 
+def step_module(step: Step) -> Any:
+    """The step's module. Under `python -m steps.<step>` it is already running as `__main__`: that module,
+    not a second import of the same file (which would execute it twice and give its classes two
+    identities, so an error raised by one copy would not be the other's)."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == step.module:
+        return main
+    return importlib.import_module(step.module)
+
+
 def record(step: str, store: Any, manifest: Any, seconds: float) -> dict[str, Any]:
     """What a step run returns to whoever ran it (`--json`, the step flows): the artifact's kind, id and URI,
     the seconds `run()` took, its metrics and meta (the gate's decision, serve's endpoint) — never a tensor."""
@@ -319,7 +329,7 @@ def call_step(step: str, cfg: Any, store: Any, inputs: dict[str, str],
     """`steps.<step>.run(cfg, store, *inputs, **options)` -> its record (id, uri, seconds, metrics, meta)."""
     row = STEPS[step]
     check_call(step, inputs, options)
-    module = importlib.import_module(row.module)
+    module = step_module(row)
     start = time.perf_counter()
     manifest = module.run(cfg, store, *(inputs[n] for n in row.inputs),
                           **{k: v for k, v in (options or {}).items() if v is not None})
@@ -366,4 +376,5 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
 
 
 __all__ = ["DEFAULT_CONFIG", "Option", "Step", "STEPS", "TOOLS", "add_common_args", "call_step", "check_call",
-           "open_config", "parser_for", "record", "run_step", "step_main", "version", "UsageError"]
+           "open_config", "parser_for", "record", "run_step", "step_main", "step_module", "version",
+           "UsageError"]

@@ -144,7 +144,8 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
                        "vocab_size": int(tcfg["vocab_size"]),
                        "max_position_embeddings": int(tcfg["max_position_embeddings"]),
                        "name": store.manifest("target", target_id).meta.get("name", cfg.target.display_name)}}
-    return Setup(model, head["lm_head.weight"][d2t + torch.arange(len(d2t))], reader, plan, meta, eval_set)
+    return Setup(model, head["lm_head.weight"][d2t + torch.arange(len(d2t))], reader, plan, meta, eval_set,
+                 num_steps=cfg.serve.num_steps)
 
 
 def draft_id(cfg: PipelineConfig, inputs: dict[str, str]) -> str:
@@ -171,7 +172,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
         return store.manifest("draft", art_id)
     if writer is None:
         writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train, join=attempt)
-    metrics, weights = train_loop(cfg, setup, writer.staging, on_step, world)
+    metrics, weights = train_loop(cfg.train, setup, writer.staging, on_step, world)
     if world.is_main:
         save_file(weights, str(writer.path(DRAFT_MODEL_FILE)))
         writer.path(DRAFT_CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))

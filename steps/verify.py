@@ -5,7 +5,7 @@ Reads: an `export` artifact's `sglang/` directory — loaded with SGLang's own k
 embedding), so a broken export shows here as τ ≈ 1 (F2, F3) — and the `target` artifact; the
 capture layers are read back from the exported `eagle_config` and converted as SGLang does (F4).
 Held-out prompts: MT-bench first turns (`verify.categories`, `verify.num_prompts`) in the target's
-chat template, greedy, `verify.max_new_tokens`, chain of `verify.num_steps` drafts; and, when
+chat template, greedy, `verify.max_new_tokens`, chain of `serve.num_steps` drafts; and, when
 `dataset.held_out` > 0, the held-out split of the training sources (metrics `tau_in_distribution`,
 `per_position_acceptance_in_distribution`).
 Writes: a `verify` artifact with `report.json` (per prompt: tokens, accept histogram, timings) and
@@ -74,7 +74,9 @@ METRICS_SCHEMA = 2
 
 def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Manifest:
     """Offline τ of the exported SGLang draft; fails if speculative output differs from plain greedy."""
-    section, inputs = config_dict(cfg.verify), {"export": export_id, "target": target_id}
+    # the chain length is serve's (one field); in the id under its old name, so ids measured before stay
+    section = {**config_dict(cfg.verify), "num_steps": cfg.serve.num_steps}
+    inputs = {"export": export_id, "target": target_id}
     in_dist = cfg.dataset.held_out and cfg.verify.in_distribution_prompts != 0
     if in_dist:    # which prompts the in-distribution split holds is part of what is measured
         section["in_distribution"] = {"dataset": config_dict(cfg.dataset), "seed": cfg.seed}
@@ -87,7 +89,7 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
     target, tokenizer = load_target(store, target_id, device=inference_device())
     draft, load_report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
     engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir),
-                    num_steps=cfg.verify.num_steps)
+                    num_steps=cfg.serve.num_steps)
     total, rows = measure(engine, held_out_prompts(cfg, tokenizer), cfg.verify.max_new_tokens,
                           tokenizer.eos_token_id)
     metrics = summarize(total, rows)

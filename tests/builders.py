@@ -291,7 +291,7 @@ def tiny_pipeline_config(target_dir: Path, *, draft_vocab_size: int, layer_ids=L
     return parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(target_dir)},
                          "extract": {"aux_layer_ids": list(layer_ids)},
                          "mapping": {"draft_vocab_size": draft_vocab_size}, "export": {"dtype": "float32"},
-                         "verify": {"num_steps": 3, "num_prompts": 2, "max_new_tokens": 10}, **sections})
+                         "verify": {"num_prompts": 2, "max_new_tokens": 10}, **sections})
 
 
 def bigram_world(root: Path, port: int, *, num_steps: int = 3, layer_ids=LAYER_IDS, **sections) -> dict:
@@ -304,7 +304,7 @@ def bigram_world(root: Path, port: int, *, num_steps: int = 3, layer_ids=LAYER_I
     store = open_store(f"file://{root}/store")
     cfg = parse_config({"name": "t", "target": {"source": "hf_dir", "path": str(tdir)},
                         "extract": {"aux_layer_ids": list(layer_ids)}, "export": {"dtype": "float32"},
-                        "verify": {"num_steps": num_steps, "num_prompts": 3, "max_new_tokens": 24},
+                        "verify": {"num_prompts": 3, "max_new_tokens": 24},
                         "serve": {"engine": "reference", "port": port, "num_steps": num_steps,
                                   "num_draft_tokens": num_steps + 1, "startup_timeout_s": 60}, **sections})
     target_id = target.run(cfg, store).id

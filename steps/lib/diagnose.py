@@ -31,11 +31,12 @@ from steps.lib.checks.layers import check_aux_layers
 from steps.lib.checks.strict import tensor_meta
 from steps.lib.checks.tau import compare_tau
 from steps.lib.checks.vocab import check_vocab
+from steps.lib.draft_config import DraftConfig
 from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.http import get_json, post_json
 from steps.lib.layer_ids import default_aux_layer_ids, from_engine
 from steps.lib.layouts import LAYOUT_ENGINE, LAYOUT_RULES, convert, detect_layout
 from steps.lib.metrics import acceptance_length_from_requests
-from steps.lib.serving.launch import get_json, post_json
 
 #: short held-out prompts for the live / offline τ probe (not in any training source eaglenest uses).
 PROBE_PROMPTS = ("Explain why the sky is blue in two sentences.",
@@ -77,9 +78,9 @@ class Checkpoint:
         with safe_open(str(self.path / formats.WEIGHTS_FILE), "pt") as f:
             return f.get_tensor(key)
 
-    def shape(self) -> formats.DraftShape | None:
+    def shape(self) -> DraftConfig | None:
         try:
-            return formats.draft_shape(self.config, self.engine)
+            return formats.draft_config(self.config, self.engine)
         except (KeyError, TypeError, ValueError):
             return None          # config fields missing: F7 names them
 
@@ -224,7 +225,8 @@ def live_checks(ck: Checkpoint, server: str, target_dir: Path | None,
     findings = [served_algorithm(ck.path, info, live, where=server), check_cuda_graph(info, serve_record, where=server)]
     offline, how = None, "no --target with a tokenizer: offline τ not measured"
     if target_dir is not None and prompt_ids is not None:
-        offline, how = offline_tau(ck, target_dir, prompt_ids, int(info.get("speculative_num_steps") or 3))
+        k = int(info.get("speculative_num_steps") or formats.sglang.AUTO_NUM_STEPS)
+        offline, how = offline_tau(ck, target_dir, prompt_ids, k)
     findings.append(compare_tau(offline, live, earlier + findings, how))
     return findings
 

@@ -44,7 +44,7 @@ def api(prefect_stack):
 def test_a_failure_inside_the_transaction_restores_both_aliases(api, store):
     from prefect import flow
 
-    from flows.gate import promote_in_transaction
+    from flows.promotion import promote_in_transaction
 
     before = store.get_alias("production")
     # the export to promote is damaged after it was written, one byte flipped so the size still matches:

@@ -219,9 +219,8 @@ def test_every_step_module_runs_as_python_dash_m():
 def test_every_step_module_has_run_and_main():
     import importlib
 
-    from flows.step_flows import STEPS
-
-    for module_name, _, _ in STEPS.values():
+    for step in STEPS.values():
+        module_name = step.module
         module = importlib.import_module(module_name)
         assert callable(getattr(module, "run", None)), f"{module_name} has no run()"
         assert callable(getattr(module, "main", None)), f"{module_name} has no main()"

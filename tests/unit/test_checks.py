@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from steps.lib.checks.catalogue import CATALOGUE, module_of
 from steps.lib.checks.finding import Finding
-from steps.lib.checks.registry import CATALOGUE, module_of
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [f"F{i}" for i in range(1, 10)]

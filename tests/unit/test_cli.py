@@ -138,7 +138,7 @@ def test_the_console_script_dispatches_steps_tools_and_flows_without_steps_impor
     ("extract.batch_size=0", "extract.batch_size", "greater than or equal to 1"),
     ("train.ttt_steps=0", "train.ttt_steps", "greater than or equal to 1"),
     ("train.lr=-1", "train.lr", "greater than 0"),
-    ("verify.num_steps=0", "verify.num_steps", "greater than or equal to 1"),
+    ("serve.num_steps=0", "serve.num_steps", "greater than or equal to 1"),
     ("serve.port=70000", "serve.port", "less than or equal to 65535"),
     ("extract.disk_budget=0", "extract.disk_budget", "positive size"),
 ])
@@ -282,3 +282,17 @@ def test_eaglenest_store_verify_and_gc_as_a_process(world):
     assert gc.returncode == 0 and [r["key"] for r in json.loads(gc.stdout)["removed"]] == \
         [f"staging/vocab/{'ab' * 8}/a-gone/x.bin"]
     assert store.backend.list("staging/") == []
+
+
+def test_python_dash_m_runs_the_step_file_once(tmp_path):
+    """`python -m steps.<step>` executes its file as `__main__`; the CLI uses that module instead of
+    importing `steps.<step>` a second time (two copies: the file run twice, its classes two identities)."""
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['steps.mapping', '--config', 'tiny', '--store', 'bogus://{tmp_path}']\n"
+            "try:\n"
+            "    runpy.run_module('steps.mapping', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as done:\n"
+            "    print('exit', done.code, 'imported-again', 'steps.mapping' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["exit", "2", "imported-again", "False"], out.stdout + out.stderr[-2000:]

@@ -314,6 +314,15 @@ def test_chain_serving_needs_num_draft_tokens_equal_steps_plus_one():
         parse_config(minimal(serve={"num_steps": 3, "num_draft_tokens": 8}))
 
 
+def test_the_chain_length_is_one_field_read_by_verify_and_serving():
+    """k lives in serve.num_steps only: a config that still sets verify.num_steps is refused, naming both,
+    and every shipped config measures offline τ at the k it serves (F9 compares like with like)."""
+    with pytest.raises(ConfigError, match=r"verify.num_steps is gone: the chain length k is serve.num_steps"):
+        parse_config(minimal(verify={"num_steps": 4}))
+    for path in sorted(Path(find_config("tiny")).parent.glob("*.yaml")):
+        assert "num_steps" not in yaml.safe_load(path.read_text()).get("verify", {}), path
+
+
 # --- hashes -----------------------------------------------------------------------------------------
 
 def test_section_hash_is_stable_across_loads_and_key_order():

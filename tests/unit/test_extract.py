@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from steps.extract import extract_shard, hidden_id, main, plan_shards, run
+from steps.extract import ShardFormat, extract_shard, hidden_id, main, plan_shards, run
 from steps.lib import layer_ids as layers
 from steps.lib.config import load_config
 from steps.lib.data.shards import bytes_per_token, iter_sequences, read_shard
@@ -89,7 +89,7 @@ def _cfg(*overrides: str):
 
 def _total_bytes(world, shard_tokens: int, dtype: str = "bfloat16") -> int:
     lengths = [len(r["input_ids"]) for r in world["rows"]]
-    plans = plan_shards(lengths, shard_tokens, hidden_size=H, num_aux=3, storage_dtype=dtype)
+    plans = plan_shards(lengths, shard_tokens, ShardFormat(tuple(LAYER_IDS), H, dtype))
     return sum(p.bytes_bound for p in plans)
 
 
@@ -292,12 +292,12 @@ def test_sglang_backend_gives_the_same_shards_as_the_local_backend(world, tmp_pa
         client = SGLangBackend(aux.url, final.url, LAYER_IDS, hidden_size=H)
         client.check_server(N_LAYERS)
         local = LocalBackend(model, LAYER_IDS)
-        plan = plan_shards([len(r["input_ids"]) for r in rows], 300, hidden_size=H, num_aux=3,
-                           storage_dtype="bfloat16")[1]
+        fmt = ShardFormat(tuple(LAYER_IDS), H, "bfloat16")
+        plan = plan_shards([len(r["input_ids"]) for r in rows], 300, fmt)[1]
         seqs = [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in rows]
         for name, backend in (("sglang", client), ("local", local)):
             extract_shard(backend, plan, seqs, tmp_path / f"{name}.safetensors", batch_size=4,
-                          layer_ids=LAYER_IDS, storage_dtype="bfloat16")
+                          fmt=fmt)
         a, b = read_shard(tmp_path / "sglang.safetensors"), read_shard(tmp_path / "local.safetensors")
         for key in ("input_ids", "loss_mask", "cu_seqlens"):
             assert torch.equal(a[key], b[key])

@@ -29,6 +29,7 @@ from steps.lib import formats
 from steps.lib.checks.tau import ZERO_ACCEPTANCE_TAU
 from steps.lib.data.prompts import held_out_prompts
 from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.http import post_json
 from steps.lib.metrics import AcceptStats, acceptance_length_from_requests
 from steps.lib.model.reference_engine import Engine
 from steps.lib.reference.server import HANG_ENV
@@ -51,7 +52,7 @@ def get(url: str):
 
 
 def post(url: str, body: dict):
-    return launching.post_json(url, body, timeout_s=120)
+    return post_json(url, body, timeout_s=120)
 
 
 # --- fixtures -----------------------------------------------------------------------------------------

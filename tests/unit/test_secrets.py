@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from steps.lib.http import json_request
 from steps.lib.runtime.redaction import RedactingFilter, redact, redact_text
-from steps.lib.serving.launch import json_request
 from steps.lib.store import MANIFEST, open_store
 
 

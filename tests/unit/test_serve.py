@@ -18,7 +18,7 @@ from steps import serve
 from steps.lib import formats
 from steps.lib.checks.context import LONGER_CONTEXT_ENV
 from steps.lib.checks.finding import Finding
-from steps.lib.config import PipelineConfig, parse_config
+from steps.lib.config import PipelineConfig, find_config, load_config, parse_config
 from steps.lib.serving import launch as launching
 from steps.lib.serving import start as serving
 from tests.conftest import process_alive
@@ -245,7 +245,7 @@ def test_cli_prints_the_exact_command(tmp_path, capsys):
                      "--print-command", "--port", "31999"])
     out = capsys.readouterr().out.strip()
     assert rc == 0
-    expected = serving.build_sglang_command(pipeline_config(), target_path=str(tmp_path / "target"),
+    expected = serving.build_sglang_command(load_config(find_config("tiny")), target_path=str(tmp_path / "target"),
                                           draft_dir=str(draft), port=31999)
     assert shlex.split(out) == expected
 

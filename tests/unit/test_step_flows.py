@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prefect.tasks import Task
 
-from flows.step_flows import STEPS, flow_of
+from flows.step_flows import flow_of
+from steps.registry import STEPS
 
 
 def test_each_step_flow_has_its_own_function_so_a_retried_pipeline_finds_its_own_subflows():

@@ -48,7 +48,7 @@ def world(tmp_path_factory):
 
 def test_verify_reports_offline_tau_and_speed_for_the_exported_sglang_dir(world):
     m = verify.run(world["cfg"], world["store"], world["export_id"], world["target_id"])
-    k = world["cfg"].verify.num_steps
+    k = world["cfg"].serve.num_steps
     assert m.kind == "verify" and m.inputs == {"export": world["export_id"], "target": world["target_id"]}
     assert m.metrics["mismatches"] == 0 and m.metrics["prompts"] == 2 and m.metrics["num_steps"] == k
     assert m.metrics["spec_tokens_per_s"] > 0 and m.metrics["plain_tokens_per_s"] > 0 and m.metrics["speedup"] > 0
@@ -80,7 +80,7 @@ def test_verify_also_measures_the_held_out_split_of_the_training_sources(world):
     plain = verify.run(cfg, world["store"], world["export_id"], world["target_id"])
     assert m.id != plain.id and "tau_in_distribution" not in plain.metrics
     assert m.metrics["prompts_in_distribution"] == 2 and m.metrics["tau_in_distribution"] >= 1.0
-    assert len(m.metrics["per_position_acceptance_in_distribution"]) == cfg.verify.num_steps
+    assert len(m.metrics["per_position_acceptance_in_distribution"]) == cfg.serve.num_steps
     assert m.metrics["tau"] == plain.metrics["tau"] and m.metrics["prompts"] == 2   # MT-bench as before
     report = json.loads(world["store"].fetch_file("verify", m.id, "report.json").read_text())
     held = [r for r in report["prompts"] if r.get("split") == "in_distribution"]

@@ -15,4 +15,4 @@ def check_disk_budget(peak_local_bytes: int, disk_budget_bytes: int, *, where: s
         return Finding("F8", "pass", where, f"local peak {peak_local_bytes} bytes ≤ disk budget {disk_budget_bytes}")
     return Finding("F8", "fail", where, f"local peak {peak_local_bytes} bytes > disk budget {disk_budget_bytes}: "
                    "the rounds did not bound local disk use",
-                   "report a bug: steps.extract.plan_rounds sizes rounds from shards.shard_bytes_bound")
+                   "report a bug: extract's plan_rounds sizes rounds from shards.shard_bytes_bound")

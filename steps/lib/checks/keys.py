@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from steps.lib.checks.finding import Finding
+from steps.lib.draft_config import DraftConfig
 from steps.lib.formats import (
     CANONICAL_KEYS,
     INDEX_DTYPES,
     KEY_MAPS,
     OPTIONAL_KEYS,
     RESOLVERS,
-    DraftShape,
     expected_shapes,
 )
 
@@ -39,7 +39,7 @@ class KeyReport:
     dtypes: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def key_report(tensors: dict[str, tuple[tuple[int, ...], str]], engine: str, shape: DraftShape | None, *,
+def key_report(tensors: dict[str, tuple[tuple[int, ...], str]], engine: str, shape: DraftConfig | None, *,
                exact: bool, dtype: str | None = None) -> KeyReport:
     """Map every key (→ (shape, dtype)) to a canonical name by the engine's exact names (`exact`) or its loader's
     rules, then compare shapes with `shape` and float dtypes with `dtype` (index maps are F3's)."""
@@ -75,7 +75,7 @@ def unknown_key_message(key: str, engine: str) -> str:
             f"({KEY_MAPS[engine].get(res.canonical or '', '?')}); other versions drop it")
 
 
-def key_findings(tensors: dict[str, tuple[tuple[int, ...], str]], engine: str, shape: DraftShape | None, *,
+def key_findings(tensors: dict[str, tuple[tuple[int, ...], str]], engine: str, shape: DraftConfig | None, *,
                  dtype: str | None, where: str) -> list[Finding]:
     """F2 for the strict checker: one finding per key that is not exactly eaglenest's, missing, or misshapen."""
     r = key_report(tensors, engine, shape, exact=True, dtype=dtype)
@@ -98,7 +98,7 @@ def dropped_prefix(key: str, engine: str) -> str | None:
     return None
 
 
-def check_keys(tensors: dict[str, tuple[tuple[int, ...], str]], engine: str, shape: DraftShape | None, *,
+def check_keys(tensors: dict[str, tuple[tuple[int, ...], str]], engine: str, shape: DraftConfig | None, *,
                where: str) -> Finding:
     """F2 on any checkpoint, by the engine's own loader rules: one finding naming every dropped or missing key."""
     r = key_report(tensors, engine, shape, exact=False)

@@ -26,7 +26,7 @@ from steps.lib.formats import (
     KEY_MAPS,
     ST_DTYPES,
     WEIGHTS_FILE,
-    draft_shape,
+    draft_config,
     engine_key_map,
     layer_config,
     read_json,
@@ -73,7 +73,7 @@ def check_engine_dir(path: str | Path, engine: str, *, expect: dict[str, Any] | 
                                 where=f"{where}:max_position_embeddings")
         findings += [context] if context.status != "pass" else []
     try:
-        shape = draft_shape(config, engine)
+        shape = draft_config(config, engine)
     except (KeyError, TypeError, ValueError):
         shape = None        # the missing fields are reported above; shapes cannot be checked
     dtype = config.get("torch_dtype") or layer.get("torch_dtype")

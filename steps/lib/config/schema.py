@@ -286,8 +286,17 @@ class ExportConfig(Section):
 
 
 class VerifyConfig(Section):
-    #: chain drafting steps (τ ≤ num_steps + 1).
-    num_steps: Count = 4
+    """Offline τ's prompts and lengths; the chain it drafts is `serve.num_steps`, the one chain length."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chain_length_is_served(cls, data: object) -> object:
+        if isinstance(data, dict) and "num_steps" in data:
+            raise ValueError("verify.num_steps is gone: the chain length k is serve.num_steps, read by verify, "
+                             "τ_sim, export, serve and benchmark alike (F9 compares offline and live τ at one k); "
+                             "move the value there (and serve.num_draft_tokens = k + 1 for a chain)")
+        return data
+
     num_prompts: Count = 20
     max_new_tokens: Count = 128
     #: MT-bench categories to evaluate on (None: all).
@@ -301,6 +310,9 @@ class ServeConfig(Section):
     engine: Literal["sglang", "reference"] = "reference"
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    #: the chain length k (τ ≤ k + 1): drafted by verify and τ_sim, written into the export, served and
+    #: benchmarked; one field so offline and live τ are always measured at the same k (F9). SGLang's own
+    #: default for most targets is 3/1/4.
     num_steps: Count = 3
     eagle_topk: Count = 1
     num_draft_tokens: Count = 4

@@ -21,7 +21,7 @@ from steps.lib import layer_ids as layers
 from steps.lib.artifacts import inference_device, load_target
 from steps.lib.config import PipelineConfig
 from steps.lib.data.shards import encode_states
-from steps.lib.serving.launch import get_json, post_json
+from steps.lib.http import get_json, post_json
 from steps.lib.store import Store
 
 #: pinned host buffer sets per GPU backend: one being filled by the copies, one being read by the

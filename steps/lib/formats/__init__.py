@@ -19,16 +19,16 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from steps.lib.draft_config import DraftConfig
 from steps.lib.formats import sglang, speculators
 from steps.lib.formats.common import (
     CANONICAL_KEYS,
     CONFIG_FILE,
-    DTYPES,
+    FLOAT_DTYPES,
     INDEX_DTYPES,
     OPTIONAL_KEYS,
     ST_DTYPES,
     WEIGHTS_FILE,
-    DraftShape,
     EngineFormat,
     Resolution,
     expected_shapes,
@@ -79,7 +79,7 @@ def write_engine_dir(path: str | Path, engine: str, state_dict: dict[str, torch.
     tensors = {}
     for k in CANONICAL_KEYS:
         t = state_dict[k].detach().cpu()
-        t = t.to(INDEX_DTYPES[k]) if k in INDEX_DTYPES else t.to(DTYPES[dtype])
+        t = t.to(INDEX_DTYPES[k]) if k in INDEX_DTYPES else t.to(FLOAT_DTYPES[dtype])
         tensors[key_map[k]] = t.contiguous()
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,23 +88,25 @@ def write_engine_dir(path: str | Path, engine: str, state_dict: dict[str, torch.
     return out
 
 
-def draft_shape(config: dict[str, Any], engine: str) -> DraftShape:
-    """Tensor-shape numbers from an engine config.json (raises KeyError/TypeError if absent)."""
+def draft_config(config: dict[str, Any], engine: str) -> DraftConfig:
+    """The draft's numbers from an engine config.json (raises KeyError/TypeError if a shape field is absent).
+    rms_norm_eps, rope_theta and max_position_embeddings shape no tensor: absent, they take the values
+    SGLang's LlamaConfig reads then (F5 and F7 judge the fields themselves)."""
     lc = layer_config(config, engine)
-    heads = int(lc["num_attention_heads"])
+    heads, hidden = int(lc["num_attention_heads"]), int(lc["hidden_size"])
     ids = engine_layer_ids(config, engine)
     num_aux = config.get("num_aux_hidden_states") or (len(ids) if ids else 3)
-    return DraftShape(hidden_size=int(lc["hidden_size"]), intermediate_size=int(lc["intermediate_size"]),
-                      num_attention_heads=heads, num_key_value_heads=int(lc.get("num_key_value_heads") or heads),
-                      head_dim=int(lc.get("head_dim") or int(lc["hidden_size"]) // heads),
-                      vocab_size=int(lc["vocab_size"]), draft_vocab_size=int(config["draft_vocab_size"]),
-                      target_hidden_size=int(config.get("target_hidden_size") or lc["hidden_size"]),
-                      num_aux=int(num_aux))
+    rope = lc.get("rope_theta") or (lc.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    return DraftConfig(hidden_size=hidden, intermediate_size=int(lc["intermediate_size"]),
+                       num_attention_heads=heads, num_key_value_heads=int(lc.get("num_key_value_heads") or heads),
+                       head_dim=int(lc.get("head_dim") or hidden // heads),
+                       rms_norm_eps=float(lc.get("rms_norm_eps", 1e-6)), rope_theta=float(rope),
+                       max_position_embeddings=int(lc.get("max_position_embeddings") or 2048),
+                       vocab_size=int(lc["vocab_size"]), draft_vocab_size=int(config["draft_vocab_size"]),
+                       target_hidden_size=int(config.get("target_hidden_size") or hidden), num_aux=int(num_aux))
 
 
-
-
-__all__ = ["ARCHITECTURES", "CANONICAL_KEYS", "CONFIG_BUILDERS", "CONFIG_FILE", "DTYPES", "ENGINES", "INDEX_DTYPES",
-           "KEY_MAPS", "OPTIONAL_KEYS", "RESOLVERS", "ST_DTYPES", "WEIGHTS_FILE", "DraftShape", "EngineFormat",
-           "Resolution", "draft_shape", "engine_format", "engine_key_map", "engine_layer_ids", "expected_shapes",
+__all__ = ["ARCHITECTURES", "CANONICAL_KEYS", "CONFIG_BUILDERS", "CONFIG_FILE", "ENGINES", "FLOAT_DTYPES",
+           "INDEX_DTYPES", "KEY_MAPS", "OPTIONAL_KEYS", "RESOLVERS", "ST_DTYPES", "WEIGHTS_FILE", "EngineFormat",
+           "Resolution", "draft_config", "engine_format", "engine_key_map", "engine_layer_ids", "expected_shapes",
            "layer_config", "read_json", "write_engine_dir"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from steps.lib.draft_config import DraftConfig
 from steps.lib.errors import InputError
 
 CONFIG_FILE = "config.json"
@@ -25,21 +26,13 @@ LAYER_PARAMS = (
 #: every tensor of a trained draft, canonical (SGLang) names; d2t/t2d are buffers.
 CANONICAL_KEYS = ("embed_tokens.weight", "fc.weight", *(f"midlayer.{p}" for p in LAYER_PARAMS),
                   "norm.weight", "lm_head.weight", "d2t", "t2d")
-
-#: every tensor of a trained draft, canonical (SGLang) names; d2t/t2d are buffers.
-CANONICAL_KEYS = ("embed_tokens.weight", "fc.weight", *(f"midlayer.{p}" for p in LAYER_PARAMS),
-                  "norm.weight", "lm_head.weight", "d2t", "t2d")
 #: keys an engine loads when present but serves without: the embedding is replaced by / shared with
 #: the target's (SGLang `set_embed`, vLLM skips `embed_tokens` when absent); t2d is training-only.
 OPTIONAL_KEYS = frozenset({"embed_tokens.weight", "t2d"})
 #: the vocab map's tensors are indices, never cast to the float dtype.
 INDEX_DTYPES = {"d2t": torch.int64, "t2d": torch.bool}
-
-
-DTYPES = {"d2t": torch.int64, "t2d": torch.bool}
-
-ARCHITECTURES = {"sglang": ["LlamaForCausalLMEagle3"], "vllm": ["Eagle3Speculator"]}
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+#: an export's float dtype (`export.dtype`) → torch's.
+FLOAT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 #: safetensors dtype tags (safe_open get_slice().get_dtype()).
 ST_DTYPES = {"BF16": "bfloat16", "F32": "float32", "F16": "float16", "I64": "int64", "BOOL": "bool",
              "I32": "int32", "F64": "float64"}
@@ -59,21 +52,7 @@ class Resolution:
     canonical: str | None = None    # the eaglenest name of that parameter (shard)
 
 
-@dataclass(frozen=True)
-class DraftShape:
-    """The numbers that fix every tensor shape of a one-layer EAGLE-3 draft."""
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int            # the target's
-    draft_vocab_size: int
-    target_hidden_size: int
-    num_aux: int
-
-
-def expected_shapes(s: DraftShape) -> dict[str, tuple[int, ...]]:
+def expected_shapes(s: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Canonical name → shape (q/k/v read the 2H concatenation of embedding and hidden)."""
     h, d = s.hidden_size, s.head_dim
     layer = {

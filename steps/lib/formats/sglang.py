@@ -28,6 +28,9 @@ from steps.lib.layer_ids import from_engine, to_engine
 #: canonical name → key: SGLang keeps the official EAGLE-3 layout (`midlayer.*`): every SGLang version
 #: loads it (0.5.23 also renames it to `layers.0`, older ones only know `midlayer`).
 KEY_MAP = {k: k for k in CANONICAL_KEYS}
+#: the chain length SGLang 0.5.23 chooses when a launch names none (`_auto_choose_speculative_params`: 3/1/4
+#: for most targets); what the reference server and doctor assume for a server that does not say.
+AUTO_NUM_STEPS = 3
 ARCHITECTURES = ["LlamaForCausalLMEagle3"]
 
 # --- SGLang 0.5.23 LlamaForCausalLMEagle3.load_weights, as data --------------------------------------

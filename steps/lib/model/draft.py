@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from steps.lib.draft_config import DraftConfig
 
 _compiled_flex = None
 
@@ -49,29 +50,6 @@ def flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
     # unfused (an H200 run of real batches: 21k tok/s against 81k at fixed shapes, benchmarks/README.md).
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=True)
-
-
-@dataclass
-class DraftConfig:
-    hidden_size: int                 # H, the target's hidden size (the draft layer works at H)
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int     # the target's serving context (F5)
-    vocab_size: int                  # target vocab: rows of the frozen embedding, length of t2d
-    draft_vocab_size: int            # rows of lm_head, length of d2t
-    target_hidden_size: int          # Ht: width of each captured aux state
-    num_aux: int                     # A = len(layer_ids); fc maps A*Ht -> H
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DraftConfig:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
 
 class DraftCache:

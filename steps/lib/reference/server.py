@@ -33,6 +33,7 @@ import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 
+from steps.lib.formats.sglang import AUTO_NUM_STEPS
 from steps.lib.reference.http import Handler
 from steps.lib.reference.model import ENGINE_ALGORITHM, ServedModel, cuda_graphs_disabled
 
@@ -49,7 +50,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
     p.add_argument("--model-path", required=True)
     p.add_argument("--speculative-algorithm", default=None, choices=sorted(ENGINE_ALGORITHM))
     p.add_argument("--speculative-draft-model-path", default=None)
-    p.add_argument("--speculative-num-steps", type=int, default=3)
+    p.add_argument("--speculative-num-steps", type=int, default=AUTO_NUM_STEPS)
     p.add_argument("--speculative-eagle-topk", type=int, default=1)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--host", default="127.0.0.1")

@@ -4,30 +4,23 @@ Reads: a launch argv (built by `steps.serve`); writes: the server's log (stdout 
 of every start attempt `{command, cuda_graph, outcome, seconds, log}`. Prevents F6 going unnoticed:
 a CUDA graph capture hang at startup becomes a deadline, one retry with CUDA graphs off, and both
 attempts recorded. The process machinery (own process group, stop, health wait, signal forwarding) is
-`steps/lib/runtime/processes.py`, shared with the local Prefect stack. Also the small JSON-over-HTTP client the
-serve, benchmark and doctor steps share.
+`steps/lib/runtime/processes.py`, shared with the local Prefect stack.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import shlex
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from steps.lib.runtime.processes import http_status, spawn, stop_process, wait_until
-from steps.lib.runtime.redaction import redact_text
 
 #: seconds between health polls.
 HEALTH_POLL_INTERVAL_S = 0.5
@@ -152,42 +145,3 @@ def attempt_record(cmd: Sequence[str], disable_cuda_graph: bool, outcome: str, s
                    log_path: Path) -> dict[str, Any]:
     return {"command": shlex.join(cmd), "cuda_graph": not disable_cuda_graph, "outcome": outcome,
             "seconds": round(time.monotonic() - started, 2), "log": str(log_path)}
-
-
-# --- the JSON-over-HTTP client (serve's smoke test, benchmark, doctor) -------------------------------
-
-def json_request(url: str, body: Any = None) -> urllib.request.Request:
-    """A request for `url` (a POST of `body` as JSON when given). User-info in the URL becomes a Basic
-    Authorization header: urllib would take `user:password@host` for the host name, and the credentials
-    must not travel in the URL that error messages and logs name."""
-    parts = urllib.parse.urlsplit(url)
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    if parts.username is not None:
-        user = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-        headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
-        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else str(parts.hostname)
-        url = urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
-    data = json.dumps(body).encode() if body is not None else None
-    return urllib.request.Request(url, data=data, headers=headers)
-
-
-def http_json(url: str, body: Any = None, timeout_s: float = 600.0) -> Any:
-    """GET (or POST `body`) and parse the JSON answer. An HTTP error status raises `HTTPError` as is; a
-    server that cannot be reached raises `ConnectionError` naming the URL without its credentials."""
-    try:
-        with urllib.request.urlopen(json_request(url, body), timeout=timeout_s) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError:
-        raise
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-        reason = getattr(err, "reason", err)
-        raise ConnectionError(f"{redact_text(url)}: cannot reach the server ({reason}); start it, or fix the "
-                              "URL in the config") from None
-
-
-def post_json(url: str, body: dict[str, Any], timeout_s: float = 600.0) -> Any:
-    return http_json(url, body, timeout_s)
-
-
-def get_json(url: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    return http_json(url, None, timeout_s)

@@ -28,8 +28,9 @@ from steps.lib.checks.tau import check_live_tau
 from steps.lib.checks.vocab import check_vocab_size
 from steps.lib.config import PipelineConfig, TargetConfig, config_dict
 from steps.lib.data.prompts import held_out_prompts
+from steps.lib.http import get_json, post_json
 from steps.lib.metrics import acceptance_length_from_requests
-from steps.lib.serving.launch import Server, available_port, get_json, launch_with_fallback, post_json
+from steps.lib.serving.launch import Server, available_port, launch_with_fallback
 from steps.lib.store import artifact_id, utc_now
 
 #: how the server is started: the module SGLang documents as its entry point.

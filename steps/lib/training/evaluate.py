@@ -8,7 +8,7 @@ evaluated (`EvalSet`, read once and kept in memory).
 
 τ_sim, teacher forced: every position p whose next-but-one token x[p+2] is an assistant token starts
 one simulated verify round. The draft runs the same training-time-test unroll it is trained with
-(`ttt_unroll`, k = `verify.num_steps` steps), chain step j fed the real token x[p+1+j]; its drafted
+(`ttt_unroll`, k = `serve.num_steps` steps, the served chain), chain step j fed the real token x[p+1+j]; its drafted
 target id at step j is compared with x[p+2+j]. The data is regenerated greedily by the target, so
 x[p+2+j] is the target's argmax there and, while every earlier draft was accepted, x[p+1+j] is what
 the engine would have fed. The accepted count of a round is `steps.lib.metrics.accepted_prefix` — the
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from steps.lib.config import PipelineConfig
+from steps.lib.config import TrainConfig
 from steps.lib.metrics import AcceptStats, accepted_prefix
 from steps.lib.model.draft import Eagle3Draft
 from steps.lib.runtime import distributed
@@ -117,28 +117,28 @@ def better(tau: float, best: dict[str, Any] | None) -> bool:
     return best is None or tau > best["tau_sim"]
 
 
-def track_best(cfg: PipelineConfig, tr: Trainer, eval_set: EvalSet, staging: Path, state: dict[str, Any],
-               step: int) -> dict[str, Any]:
+def track_best(t: TrainConfig, tr: Trainer, eval_set: EvalSet, staging: Path, state: dict[str, Any],
+               step: int, *, num_steps: int) -> dict[str, Any]:
     """Evaluate after optimizer step `step` (1-based); a new best τ_sim is recorded in the run state
     (checkpointed with it) and, with `train.keep_best`, its weights written to `staging/BEST_FILE`.
     -> the evaluation's fields for the training log."""
-    ev = evaluate(tr.draft, eval_set, cfg.verify.num_steps)
+    ev = evaluate(tr.draft, eval_set, num_steps)
     state["last_eval"] = {"step": step, "tau_sim": ev["tau_sim"]}
     if better(ev["tau_sim"], state.get("best")):
         state["best"] = {"step": step, "tau_sim": ev["tau_sim"]}
-        if cfg.train.keep_best:
+        if t.keep_best:
             weights = fp32_state(distributed.full_state(tr.draft)[0])   # collective under FSDP
             if tr.world.is_main:
                 save_file(weights, str(staging / BEST_FILE))
     return ev
 
 
-def exported_checkpoint(cfg: PipelineConfig, staging: Path, state: dict[str, Any]) -> dict[str, Any]:
+def exported_checkpoint(t: TrainConfig, staging: Path, state: dict[str, Any]) -> dict[str, Any]:
     """Which checkpoint the artifact holds and its τ_sim: the best one with `train.keep_best` (when its
     weights are there), else the last. {} when nothing was evaluated."""
     best, last = state.get("best"), state.get("last_eval")
     if best is None or last is None:
         return {}
-    pick = best if cfg.train.keep_best and (staging / BEST_FILE).is_file() else last
+    pick = best if t.keep_best and (staging / BEST_FILE).is_file() else last
     return {"tau_sim": pick["tau_sim"], "exported_step": pick["step"], "tau_sim_best": best["tau_sim"],
             "best_step": best["step"], "tau_sim_last": last["tau_sim"]}

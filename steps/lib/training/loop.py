@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from steps.lib.artifacts import DRAFT_LOG_FILE
-from steps.lib.config import PipelineConfig
+from steps.lib.config import TrainConfig
 from steps.lib.model.draft import Eagle3Draft
 from steps.lib.runtime import distributed
 from steps.lib.training.checkpoint import BEST_FILE, fp32_state, restore, save_checkpoint
@@ -47,18 +47,18 @@ class Setup:
     plan: list
     meta: dict[str, Any]
     eval_set: EvalSet | None = None    # the held-out split τ_sim is measured on (None: off)
+    num_steps: int = 3                 # the served chain length k τ_sim drafts (`serve.num_steps`)
 
 
-def amp_dtype(cfg: PipelineConfig, device: torch.device) -> torch.dtype | None:
+def amp_dtype(t: TrainConfig, device: torch.device) -> torch.dtype | None:
     """auto: bf16 autocast on CUDA, fp32 on CPU (bf16 is ~20x slower on AVX2 CPUs)."""
-    p = cfg.train.precision
+    p = t.precision
     return torch.bfloat16 if p == "bf16" or (p == "auto" and device.type == "cuda") else None
 
 
-def build_trainer(cfg: PipelineConfig, s: Setup, world: distributed.World) -> Trainer:
+def build_trainer(t: TrainConfig, s: Setup, world: distributed.World) -> Trainer:
     """Move the draft to this rank's device, wrap it (DDP/FSDP under torchrun), build AdamW over what
     the wrapper left (FSDP replaces parameters with shards, so the optimizer comes last)."""
-    t = cfg.train
     draft = s.model.to(world.device)
     mode = (distributed.choose_parallel(t.parallel, draft, fsdp_min_params=t.fsdp_min_params)
             if world.distributed else "none")
@@ -67,16 +67,16 @@ def build_trainer(cfg: PipelineConfig, s: Setup, world: distributed.World) -> Tr
     # 0.4B parameters' fp32 state: ~10 ms a step at 8B shapes); FSDP's sharded parameters keep foreach.
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=t.lr, betas=BETAS,
                             weight_decay=t.weight_decay, fused=world.device.type == "cuda" and mode != "fsdp")
-    return Trainer(draft, objective, opt, s.head_rows.to(world.device), world, amp_dtype(cfg, world.device), mode)
+    return Trainer(draft, objective, opt, s.head_rows.to(world.device), world, amp_dtype(t, world.device), mode)
 
 
-def train_step(tr: Trainer, batch: Batch, *, cfg: PipelineConfig, lr: float) -> dict[str, Any]:
+def train_step(tr: Trainer, batch: Batch, *, t: TrainConfig, lr: float) -> dict[str, Any]:
     """One optimizer step on this rank's rows of one global batch -> the batch's log record (global).
 
     The loss of rank r is Σ_j decay^j Σ_{p in r} CE / N_j, with N_j the global count of step j's
     positions, times the world size (DDP/FSDP average gradients): the sum over ranks is the loss of
     the whole batch, so the step equals one process's step on the same batch."""
-    t, world = cfg.train, tr.world
+    world = tr.world
     for g in tr.opt.param_groups:
         g["lr"] = lr
     valid = loss_positions(batch, tr.draft.t2d, t.ttt_steps)
@@ -97,13 +97,12 @@ def train_step(tr: Trainer, batch: Batch, *, cfg: PipelineConfig, lr: float) -> 
             "grad_norm": grad_norm, "tokens": int(tokens), "positions": int(sum(counts))}
 
 
-def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
+def train_loop(t: TrainConfig, s: Setup, staging: Path,
                on_step: Callable[[int, dict[str, Any]], None] | None = None,
                world: distributed.World | None = None) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """Train to the end of the plan (or train.max_steps) -> (metrics, full fp32 weights; rank 0's are real)."""
-    t = cfg.train
     world = world or distributed.setup(t.device)
-    tr = build_trainer(cfg, s, world)
+    tr = build_trainer(t, s, world)
     total = len(s.plan) if t.max_steps is None else min(len(s.plan), t.max_steps)   # 0: the untrained control
     state, recent = restore(staging, tr)
     s.reader.read.update(state["shards_read"])
@@ -116,10 +115,10 @@ def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
             batch = rank_batch(shard, rows, t.max_length, world).to(world.device)
             t0 = time.perf_counter()
             lr = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
-            rec = {"step": step, **train_step(tr, batch, cfg=cfg, lr=lr), "shard": name}
+            rec = {"step": step, **train_step(tr, batch, t=t, lr=lr), "shard": name}
             state["train_s"] += time.perf_counter() - t0
             if s.eval_set is not None and due(step + 1, total, t.eval_every):
-                rec.update(track_best(cfg, tr, s.eval_set, staging, state, step + 1))
+                rec.update(track_best(t, tr, s.eval_set, staging, state, step + 1, num_steps=s.num_steps))
                 best = state["best"]
                 bar.set_note(tau_sim=rec["tau_sim"], best=f"{best['tau_sim']:.3f} @ step {best['step']}")
             state["tokens"] += rec["tokens"]
@@ -137,7 +136,7 @@ def train_loop(cfg: PipelineConfig, s: Setup, staging: Path,
     metrics = {**_summary(state, recent, total, len(s.plan), s.reader), "world_size": world.size,
                "parallel": tr.parallel}
     weights = fp32_state(distributed.full_state(tr.draft)[0])
-    metrics.update(exported_checkpoint(cfg, staging, state))
+    metrics.update(exported_checkpoint(t, staging, state))
     if world.is_main and metrics.get("exported_step") not in (None, total):   # the best, not the last
         weights = load_file(str(staging / BEST_FILE))
     return metrics, weights
