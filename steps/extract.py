@@ -42,7 +42,7 @@ from typing import Any
 from steps.lib.artifacts import read_conversations, target_config
 from steps.lib.checks.disk import check_disk_budget
 from steps.lib.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
-from steps.lib.data.shards import bytes_per_token, shard_bytes_bound, write_encoded
+from steps.lib.data.shards import bytes_per_token, check_storage_dtype, shard_bytes_bound, write_encoded
 from steps.lib.extraction.capture import CaptureBackend, make_backend
 from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
 from steps.lib.runtime import distributed
@@ -87,7 +87,7 @@ class ShardFormat:
     storage_dtype: str
 
     def __post_init__(self) -> None:
-        bytes_per_token(self.hidden_size, self.num_aux, self.storage_dtype)   # raises on an unknown dtype
+        check_storage_dtype(self.storage_dtype)
 
     @property
     def num_aux(self) -> int:

@@ -38,14 +38,20 @@ HEADER_BYTES_BOUND = 4096
 FORMAT = "eaglenest-hidden-v1"
 
 
+def check_storage_dtype(storage_dtype: str) -> str:
+    """The one check of a storage dtype's name (`extract.storage_dtype` is a Literal; this guards callers
+    that name one in code)."""
+    if storage_dtype not in STORAGE_DTYPES:
+        raise ValueError(f"storage dtype {storage_dtype!r}: expected one of {sorted(STORAGE_DTYPES)}")
+    return storage_dtype
+
+
 def bytes_per_token(hidden_size: int, num_aux: int, storage_dtype: str) -> int:
     """Bytes one token costs in a shard: A aux + 1 final hidden rows, ids, mask (+ fp8 scales)."""
     rows = (num_aux + 1) * hidden_size
-    if storage_dtype == "bfloat16":
+    if check_storage_dtype(storage_dtype) == "bfloat16":
         return 2 * rows + TOKEN_BYTES
-    if storage_dtype == "float8_e4m3fn":
-        return rows + 2 * 4 + TOKEN_BYTES
-    raise ValueError(f"storage dtype {storage_dtype!r}: expected one of {sorted(STORAGE_DTYPES)}")
+    return rows + 2 * 4 + TOKEN_BYTES
 
 
 def shard_bytes_bound(tokens: int, sequences: int, *, hidden_size: int, num_aux: int,
@@ -63,10 +69,8 @@ def encode(x: torch.Tensor, storage_dtype: str) -> tuple[torch.Tensor, torch.Ten
     bf16 states (a GPU replica's) are stored as they are, with no fp32 round trip; fp32 states
     (a CPU replica's, SGLang's) round once. fp8 runs where the states are, so a GPU extraction
     copies half the bytes to the host."""
-    if storage_dtype == "bfloat16":
+    if check_storage_dtype(storage_dtype) == "bfloat16":
         return x.detach().to(torch.bfloat16).contiguous(), None
-    if storage_dtype != "float8_e4m3fn":
-        raise ValueError(f"storage dtype {storage_dtype!r}: expected one of {sorted(STORAGE_DTYPES)}")
     x = x.detach().float()
     absmax = x.abs().amax(dim=-1, keepdim=True)
     # An all-zero row (padding never reaches here, but a zero vector is legal) gets scale 1.
@@ -98,8 +102,7 @@ def write_shard(path: str | Path, input_ids: list[list[int]], loss_masks: list[l
 
     aux: [T, A*H] and final: [T, H], rows in the order of the concatenated `input_ids`.
     """
-    if storage_dtype not in STORAGE_DTYPES:
-        raise ValueError(f"storage dtype {storage_dtype!r}: expected one of {sorted(STORAGE_DTYPES)}")
+    check_storage_dtype(storage_dtype)
     tokens, hidden = sum(len(s) for s in input_ids), final.shape[-1]
     if final.shape != (tokens, hidden) or aux.shape != (tokens, len(layer_ids) * hidden):
         raise ValueError(f"shard {path}: aux {tuple(aux.shape)} / final {tuple(final.shape)} do not "
