@@ -3,9 +3,12 @@ logs appended a line at a time whose torn last line (a write cut off mid-line) i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,30 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Give an OSError raised while writing `path` that path: a failed `f.write` (a full disk, ENOSPC) names
+    no file, and the one line the step prints must say which file and filesystem filled up."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+
+
+def disk_full_line(err: OSError) -> str:
+    """ENOSPC as one line: the file, its filesystem's mount point and free bytes, and what to change."""
+    where = Path(err.filename) if err.filename else None
+    probe = next((p for p in ([where, *where.parents] if where else []) if p.exists()), Path.cwd())
+    mount = next((p for p in [probe, *probe.parents] if os.path.ismount(p)), Path("/"))
+    free = shutil.disk_usage(probe).free
+    what = f"writing {where}" if where else "writing a file the step did not name"
+    return (f"no space left on device {what} (filesystem {mount}: {free} bytes free) — free space there, or "
+            "move what fills it: the artifact store (--store / EAGLENEST_STORE), the scratch and cache dir "
+            "(EAGLENEST_CACHE), or lower extraction's local peak (extract.disk_budget) or train.cache_budget")
+
+
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Replace `path` with `data` so a reader sees the old file or the new one, never a torn or empty one:
     the bytes go to a temp file in the same folder, are fsync'ed, then `os.replace`d onto the name. On any
@@ -29,7 +56,7 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
     try:
-        with open(tmp, "wb") as f:
+        with naming(path), open(tmp, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())

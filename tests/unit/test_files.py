@@ -38,3 +38,4 @@ def test_a_torn_last_line_is_dropped_and_a_damaged_earlier_one_is_named(tmp_path
     with pytest.raises(ArtifactError, match=f"{path}:2: not a JSON line"):
         read_jsonl(path)
     assert read_jsonl(tmp_path / "absent.jsonl") == []
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from steps.lib.training.plan import build_plan, pack
 from steps.lib.training.ttt import layouts, ttt_mask
 from steps.mapping import build_vocab
 from steps.train import read_target_head, run
+from tests.builders import full_disk_in
 from tests.conftest import S3_BUCKET
 
 LAYER_IDS = [1, 2, 3]
@@ -222,6 +224,22 @@ def test_a_torn_last_line_of_the_training_log_is_dropped_with_a_log_line(source,
     assert "torn last line" in caplog.text and str(log_path) in caplog.text
     log = (tmp_path / "store/artifacts/draft" / m.id / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in log] == list(range(m.metrics["steps"]))
+
+
+def test_a_full_disk_while_checkpointing_is_an_oserror_naming_the_file_not_a_torch_error(source, tmp_path,
+                                                                                        monkeypatch):
+    """torch.save to a path on a full disk raised RuntimeError("... unexpected pos ..."), naming nothing: the
+    step boundary turns only an OSError into the one line naming the file and its free space."""
+    from steps.lib.training import checkpoint
+    from steps.registry import _one_line
+
+    store, ids = fresh_store(source, tmp_path)
+    full_disk_in(monkeypatch, checkpoint)                        # the optimizer state, written by torch.save
+    with pytest.raises(OSError) as err:
+        run(config(epochs=2, checkpoint_every=3), store, **ids)
+    assert err.value.errno == errno.ENOSPC and err.value.filename.endswith("checkpoint-00000003/optimizer.pt")
+    line = _one_line(err.value)
+    assert line.startswith(f"no space left on device writing {err.value.filename} (filesystem ") and "free" in line
 
 
 def test_every_shard_is_read_through_a_cache_smaller_than_the_data(source, tmp_path, s3_endpoint):

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from steps.lib.artifacts import DRAFT_LOG_FILE, DRAFT_MODEL_FILE
-from steps.lib.files import read_jsonl, write_atomic
+from steps.lib.data.shards import save_sorted
+from steps.lib.files import naming, read_jsonl, write_atomic
 from steps.lib.runtime import distributed
 from steps.lib.training.trainer import Trainer
 
@@ -48,9 +49,12 @@ def save_checkpoint(staging: Path, step: int, tr: Trainer, state: dict[str, Any]
         return
     d = staging / f"{CKPT_PREFIX}{step:08d}"
     d.mkdir(parents=True, exist_ok=True)
-    save_file(fp32_state(weights), str(d / DRAFT_MODEL_FILE))
-    torch.save(opt_state, d / "optimizer.pt")
-    save_file({"cpu": torch.get_rng_state()}, str(d / "rng.safetensors"))
+    # Python's writes, so a full disk is an OSError naming the file (torch.save to a path raises a RuntimeError
+    # naming neither; safetensors' save_file returned without an error on a full device)
+    save_sorted(fp32_state(weights), d / DRAFT_MODEL_FILE)
+    with naming(d / "optimizer.pt"), open(d / "optimizer.pt", "wb") as f:
+        torch.save(opt_state, f)
+    save_sorted({"cpu": torch.get_rng_state()}, d / "rng.safetensors")
     write_atomic(d / STATE_FILE, json.dumps({**state, "step": step, "world_size": tr.world.size}))
     for old in staging.glob(f"{CKPT_PREFIX}*"):                 # keep only the newest
         if old != d:
