@@ -45,7 +45,7 @@ import httpx
 from prefect import flow, get_run_logger
 from prefect.settings import get_current_settings
 
-from steps.lib.data.prompts import load_file
+from steps.lib.data.prompts import DEFAULT_MAX_PROMPT_TOKENS, load_file, row_byte_bound
 from steps.lib.store import Store, md5_file, open_store
 
 EVENT = "eaglenest.dataset.uploaded"
@@ -172,13 +172,14 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_dataset(path: Path) -> int:
-    """The number of prompts in a dataset file; raises, naming the line and field, unless every row reads."""
+def check_dataset(path: Path, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> int:
+    """The number of prompts in a dataset file; raises, naming the line and field, unless every row reads. The
+    file is read a line at a time; a row over `row_byte_bound(max_prompt_tokens)` is refused unparsed."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (a JSONL or parquet prompt dataset)")
     if path.suffix not in DATASET_SUFFIXES:
         raise ValueError(f"{path}: unknown dataset format {path.suffix!r}; expected one of {DATASET_SUFFIXES}")
-    return len(load_file(path))
+    return len(load_file(path, max_prompt_tokens))
 
 
 def dataset_record(store: Store, key: str, stat: dict[str, Any]) -> dict[str, Any]:
@@ -247,7 +248,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     path = Path(args.file)
     try:
         check_name(args.name)
-        rows = check_dataset(path)
+        rows = check_dataset(path, args.max_prompt_tokens)
     except (ValueError, FileNotFoundError) as err:
         print(f"eaglenest dataset upload: {err}\nnothing was uploaded.", file=sys.stderr)
         return 2
@@ -297,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"which eagle3-pipeline deployment trains on it (default {DEFAULT_PIPELINE}); "
                          "the object goes to datasets/<pipeline>/<name>/ for any but the default")
     up.add_argument("--no-event", action="store_true", help="upload only; the dataset-sensor announces it later")
+    up.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS,
+                    help=f"the pipeline's datagen.max_prompt_tokens (default {DEFAULT_MAX_PROMPT_TOKENS}): a row "
+                         f"over {row_byte_bound(1)} bytes per token is refused")
     ls = sub.add_parser("list", help="datasets in the store with size and version")
     for p in (up, ls):
         p.add_argument("--store", default=None,

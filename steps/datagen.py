@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +39,8 @@ from steps.lib.model.decode import cpu_threads, decode, sampling_generator, torc
 from steps.lib.runtime import progress
 from steps.lib.store import Manifest, Store, artifact_id, canonical_json
 from steps.registry import step_main
+
+log = logging.getLogger("eaglenest.datagen")
 
 #: prompts per committed chunk: the unit of resume (a crash loses at most one chunk of work).
 CHUNK_PROMPTS = 64
@@ -211,6 +214,16 @@ def generate_openai(prompts: list[dict[str, Any]], dg: DatagenConfig, model: str
 
 # --- one chunk ----------------------------------------------------------------------------------------
 
+def _log_too_long(prompts: list[dict[str, Any]], prompt_ids: list[list[int]], max_tokens: int) -> None:
+    """Name the prompts dropped for length (counted in `skipped` too): none is dropped silently."""
+    long = [f"{p['id']} ({len(ids)} tokens)" for p, ids in zip(prompts, prompt_ids, strict=True)
+            if len(ids) > max_tokens]
+    if long:
+        more = f" and {len(long) - 5} more" if len(long) > 5 else ""
+        log.warning("datagen: skipped %d prompts longer than datagen.max_prompt_tokens=%d: %s%s",
+                    len(long), max_tokens, ", ".join(long[:5]), more)
+
+
 def answer_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfig, *, model: Any = None,
                  served_name: str = "", seed: int = 0, known: dict[str, dict[str, Any]] | None = None,
                  ) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
@@ -220,6 +233,7 @@ def answer_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfi
                   for p in prompts]
     todo = [i for i, ids in enumerate(prompt_ids) if len(ids) <= dg.max_prompt_tokens]
     stats["skipped"] = len(prompts) - len(todo)
+    _log_too_long(prompts, prompt_ids, dg.max_prompt_tokens)
     results = {i: known[prompts[i]["id"]] for i in todo if prompts[i]["id"] in (known or {})}
     todo = [i for i in todo if i not in results]
     t0 = time.perf_counter()
@@ -333,7 +347,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     Every prompt gets an answer or the step fails: requests are retried (`datagen.retries`), and the
     prompts that still failed are named in a MissingAnswers error; the next run asks only for them.
     """
-    prompts = with_samples(load_prompts(cfg.dataset, cfg.seed), cfg.datagen)
+    prompts = with_samples(load_prompts(cfg.dataset, cfg.seed, cfg.datagen.max_prompt_tokens), cfg.datagen)
     # a chunk holds at least one full batch (a GPU decodes hundreds of rows at once)
     chunk_prompts = chunk_prompts or max(CHUNK_PROMPTS, cfg.datagen.batch_size)
     identity = dataset_identity(cfg, prompts, chunk_prompts)

@@ -20,12 +20,12 @@ from collections import Counter
 from collections.abc import Iterable
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from steps.lib.artifacts import VOCAB_FILE, read_conversations, target_config
 from steps.lib.checks.vocab import validate_vocab
 from steps.lib.config import resolve_draft_vocab_size
+from steps.lib.data.shards import save_sorted
 from steps.lib.store import Manifest, Store, artifact_id
 from steps.registry import step_main
 
@@ -102,7 +102,7 @@ def run(cfg, store: Store, dataset_id: str, target_id: str) -> Manifest:
     d2t, t2d = build_vocab(counts, target_vocab, draft_vocab)
     validate_vocab(d2t, t2d, target_vocab)
     writer = store.begin("vocab", art_id, step="mapping", inputs=inputs, config=cfg.mapping)
-    save_file({"d2t": d2t, "t2d": t2d}, str(writer.path(VOCAB_FILE)))
+    save_sorted({"d2t": d2t, "t2d": t2d}, writer.path(VOCAB_FILE))
     metrics = {"coverage": coverage(counts, t2d), "distinct_tokens": len(counts),
                "assistant_tokens": sum(counts.values())}
     return writer.commit(metrics=metrics, meta={"target_vocab": target_vocab,

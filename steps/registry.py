@@ -21,6 +21,7 @@ This module names step modules only as strings and imports them when a command r
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import logging
@@ -198,6 +199,10 @@ def _one_line(err: BaseException) -> str:
 
     if isinstance(err, UsageError):
         return redact_text(str(err))
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:     # the file, its filesystem, what to change
+        from steps.lib.files import disk_full_line
+
+        return redact_text(disk_full_line(err))
     if isinstance(err, ConfigError):
         fix = "--config takes a name in configs/ or a YAML path; --set SECTION.FIELD=VALUE"
     elif isinstance(err, ArtifactError | FileNotFoundError):

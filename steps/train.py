@@ -47,12 +47,12 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
 from steps.lib.artifacts import DRAFT_CONFIG_FILE, DRAFT_MODEL_FILE, load_vocab, target_dir
 from steps.lib.checks.vocab import validate_vocab
 from steps.lib.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
+from steps.lib.data.shards import save_sorted
 from steps.lib.model.draft import DraftConfig, Eagle3Draft
 from steps.lib.runtime import distributed
 from steps.lib.store import Manifest, Store, artifact_id
@@ -174,7 +174,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
         writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train, join=attempt)
     metrics, weights = train_loop(cfg.train, setup, writer.staging, on_step, world)
     if world.is_main:
-        save_file(weights, str(writer.path(DRAFT_MODEL_FILE)))
+        save_sorted(weights, writer.path(DRAFT_MODEL_FILE))
         writer.path(DRAFT_CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
         for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):      # resume state is not part of the artifact
             shutil.rmtree(ckpt)

@@ -15,9 +15,12 @@ for real (τ well above 1), and stops accepting when `fc` is skipped (F1).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -485,3 +488,37 @@ def mapping_world(tmp_path) -> dict:
                                       "target": {"source": "tiny"}, "mapping": {"draft_vocab_size": 2}}))
     return {"store": store, "config": str(config), "tmp": tmp_path}
 
+
+
+
+class _FullDiskFile:
+    """A file opened for writing on a disk with no space left: the file is created, every write fails with
+    ENOSPC and names no file, as `f.write` does on a full disk."""
+
+    def __init__(self, path: Any, mode: str):
+        self._f = open(path, mode)  # noqa: SIM115  (closed by close / __exit__)
+
+    def write(self, data: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> _FullDiskFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def full_disk_in(monkeypatch: Any, module: Any) -> None:
+    """The disk is full for `module`'s own `open(..., "w"/"a")` calls (its reads still work)."""
+    def open_on_a_full_disk(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if any(c in mode for c in "wax"):
+            return _FullDiskFile(path, mode)
+        return open(path, mode, *args, **kwargs)  # noqa: SIM115
+
+    monkeypatch.setattr(module, "open", open_on_a_full_disk, raising=False)

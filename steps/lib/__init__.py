@@ -4,6 +4,7 @@
     layer_ids.py    layer-id conventions (F4): internal ↔ each engine's ids, the default aux ids
     metrics.py      τ from raw accept counts (the one place it is computed)
     http.py         the one JSON-over-HTTP client (credentials kept out of errors)
+    files.py        small files that survive a kill or a full disk: atomic writes, JSON-lines logs (torn last line)
     config/         the pipeline config: schema, overrides, derived values
     store/          the artifact store: ids, manifests, backends (file://, s3://), the commit protocol
     artifacts.py    one reader per artifact kind (what a step reads of another step's output)

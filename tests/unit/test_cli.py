@@ -14,7 +14,7 @@ import yaml
 
 from steps.lib.store import open_store
 from steps.registry import STEPS, step_main, version
-from tests.builders import MAPPING_DATASET, MAPPING_TARGET, mapping_world
+from tests.builders import MAPPING_DATASET, MAPPING_TARGET, full_disk_in, mapping_world
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_FLAGS = ("--config", "--store", "--set", "--json", "--debug", "--version")
@@ -296,3 +296,16 @@ def test_python_dash_m_runs_the_step_file_once(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["exit", "2", "imported-again", "False"], out.stdout + out.stderr[-2000:]
+
+
+def test_a_full_disk_is_one_line_naming_the_file_its_free_bytes_and_the_knobs(world, capsys, monkeypatch):
+    """ENOSPC once printed "[Errno 28] No space left on device — check the path and its permissions": no path."""
+    from steps.lib.data import shards
+
+    full_disk_in(monkeypatch, shards)                                  # where mapping writes vocab.safetensors
+    argv = ["--config", world["config"], "--store", world["store"].uri, "--dataset", D0, "--target", T0]
+    assert step_main("mapping", argv) == 2
+    line = _one_error_line(capsys)
+    assert re.search(r"no space left on device writing \S+/vocab\.safetensors \(filesystem /\S*: \d+ bytes free\)",
+                     line), line
+    assert "--store" in line and "EAGLENEST_CACHE" in line and "extract.disk_budget" in line

@@ -16,7 +16,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from steps import datagen as D  # noqa: E402
 from steps.lib import artifacts
-from steps.lib.config import load_config  # noqa: E402
+from steps.lib.config import InputError, load_config  # noqa: E402
 from steps.lib.store import open_store, sha256_file  # noqa: E402
 from tests.conftest import TINY_PRETRAIN  # noqa: E402
 
@@ -189,11 +189,20 @@ def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
     assert list(artifacts.read_conversations(store, m.id)) == list(artifacts.read_conversations(clean_run[0], clean.id))
 
 
-def test_long_prompts_are_skipped_and_counted(tiny, tmp_path):
+def test_long_prompts_are_skipped_counted_and_named_in_a_log_line(tiny, tmp_path, caplog):
     store, tid, _, _ = tiny
     path = prompt_file(tmp_path / "p.jsonl", ["Say hi.", "word " * 400])
-    m = D.run(cfg_for(path, "datagen.max_prompt_tokens=64"), store, tid)
+    with caplog.at_level("WARNING", logger="eaglenest.datagen"):
+        m = D.run(cfg_for(path, "datagen.max_prompt_tokens=64"), store, tid)
     assert m.metrics["skipped"] == 1 and m.metrics["ok"] + m.metrics["empty"] == 1
+    assert "skipped 1 prompts longer than datagen.max_prompt_tokens=64: p1 (" in caplog.text
+
+
+def test_a_row_over_the_byte_bound_of_max_prompt_tokens_is_refused_before_tokenizing(tiny, tmp_path):
+    store, tid, _, _ = tiny
+    path = prompt_file(tmp_path / "p.jsonl", ["Say hi.", "word " * 60_000])        # 300 KB > 4096 × 64
+    with pytest.raises(InputError, match=rf"{path}:2: a line longer than the bound .*max_prompt_tokens=64"):
+        D.run(cfg_for(path, "datagen.max_prompt_tokens=64"), store, tid)
 
 
 def test_bad_input_leaves_no_artifact(tiny, tmp_path):

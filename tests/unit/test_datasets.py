@@ -103,6 +103,19 @@ def test_invalid_json_and_unknown_formats_are_refused(tmp_path):
         check_dataset(tmp_path / "missing.jsonl")
 
 
+def test_the_cli_refuses_a_row_over_the_byte_bound_before_parsing_it(tmp_path, capsys):
+    """`dataset upload` reads the file as datagen does: a line at a time, a row over the bound refused by its size."""
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps(GOOD_ROWS[0]) + "\n" + json.dumps({"prompt": "x" * 300_000}) + "\n")
+    store_uri = f"file://{tmp_path / 'store'}"
+    assert datasets.main(["upload", str(big), "--name", "big", "--store", store_uri, "--no-event",
+                          "--max-prompt-tokens", "64"]) == 2
+    err = capsys.readouterr().err
+    assert f"{big}:2: a line longer than the bound" in err and "datagen.max_prompt_tokens=64" in err
+    assert "nothing was uploaded" in err and not (tmp_path / "store").exists()
+    assert datasets.main(["upload", str(big), "--name", "big", "--store", store_uri, "--no-event"]) == 0   # 1024
+
+
 def test_jsonl_and_parquet_count_their_prompts(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -189,3 +189,33 @@ class _Tok:
 
     def apply_chat_template(self, messages, add_generation_prompt, tokenize):
         return [len(m["content"]) for m in messages]
+
+
+def test_a_row_over_the_byte_bound_is_refused_unparsed_and_unread_naming_its_line(tmp_path):
+    """A 100 MB line once cost datagen 17 GB: a line over 4096 bytes × max_prompt_tokens is refused by its size
+    (this one is not even JSON: parsing it would name another error), and is never read whole."""
+    import tracemalloc
+
+    bound = P.row_byte_bound(16)                                          # 64 KiB
+    f = tmp_path / "big.jsonl"
+    f.write_text('{"prompt": "fine"}\n' + '{"prompt": "' + "x" * (2 * 1024 * 1024) + "\n")
+    tracemalloc.start()
+    with pytest.raises(P.InputError) as err:
+        P.load_file(f, max_prompt_tokens=16)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert f"{f}:2: a line longer than the bound" in str(err.value)
+    assert f"{bound} bytes" in str(err.value) and "datagen.max_prompt_tokens=16" in str(err.value)
+    assert peak < 4 * bound, peak                                         # a few bounds, not the 2 MiB line
+    at_bound = json.dumps({"prompt": "y" * (bound - 20)})
+    f.write_text(at_bound + " " * (bound - len(at_bound)) + "\n")       # exactly the bound, then the newline
+    assert len(P.load_file(f, max_prompt_tokens=16)) == 1
+
+
+def test_a_table_row_over_the_byte_bound_is_refused_naming_its_row(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list([{"prompt": "ok"}, {"prompt": "z" * (P.row_byte_bound(1) + 1)}]).to_parquet(
+        str(tmp_path / "big.parquet"))
+    with pytest.raises(P.InputError, match=r"big.parquet: row 2: a prompt of 4097 bytes, over the bound of 4096"):
+        P.load_file(tmp_path / "big.parquet", max_prompt_tokens=1)

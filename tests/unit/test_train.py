@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from steps.lib.training.plan import build_plan, pack
 from steps.lib.training.ttt import layouts, ttt_mask
 from steps.mapping import build_vocab
 from steps.train import read_target_head, run
+from tests.builders import full_disk_in
 from tests.conftest import S3_BUCKET
 
 LAYER_IDS = [1, 2, 3]
@@ -133,32 +135,111 @@ def test_the_draft_artifact_holds_canonical_fp32_weights_the_vocab_map_and_its_c
     assert run(config(epochs=1), store, **ids).id == m.id                  # finished: reused, not retrained
 
 
+class Stop(Exception):
+    pass
+
+
+def stop_at(n: int):
+    def on_step(step, rec):
+        if step == n:
+            raise Stop
+    return on_step
+
+
+def assert_same_weights(store_a, store_b, draft_id):
+    a = load_file(str(store_a.fetch_file("draft", draft_id, "model.safetensors")))
+    b = load_file(str(store_b.fetch_file("draft", draft_id, "model.safetensors")))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
 def test_an_interrupted_run_resumes_to_the_same_weights(source, tmp_path):
     cfg = config(epochs=2, checkpoint_every=3)
     store_a, ids = fresh_store(source, tmp_path, "a")
     full = run(cfg, store_a, **ids)
-
-    class Stop(Exception):
-        pass
-
-    def stop_at_7(step, rec):
-        if step == 7:
-            raise Stop
-
     store_b, _ = fresh_store(source, tmp_path, "b")
     with pytest.raises(Stop):
-        run(cfg, store_b, **ids, on_step=stop_at_7)
+        run(cfg, store_b, **ids, on_step=stop_at(7))
     [staging] = (tmp_path / "b/staging/draft" / full.id).glob("a-*")     # the interrupted attempt
     assert [p.name for p in staging.glob("checkpoint-*")] == ["checkpoint-00000006"]
     resumed = run(cfg, store_b, **ids)
     assert resumed.id == full.id and resumed.metrics["steps"] == full.metrics["steps"]
-    a = load_file(str(store_a.fetch_file("draft", full.id, "model.safetensors")))
-    b = load_file(str(store_b.fetch_file("draft", full.id, "model.safetensors")))
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    assert_same_weights(store_a, store_b, full.id)
     log = (tmp_path / "b/artifacts/draft" / full.id / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in log] == list(range(full.metrics["steps"]))
     assert not staging.exists()                                       # resumed in place, then moved into place
+
+
+def test_an_unreadable_checkpoint_is_skipped_with_a_log_line_and_training_resumes_from_the_one_before(
+        source, tmp_path, caplog):
+    """A kill between a checkpoint's save and the old one's removal leaves two; the newest one damaged (an empty
+    state.json, as a full disk left it before writes were atomic) is named and the one before is used."""
+    cfg = config(epochs=2, checkpoint_every=3)
+    store_a, ids = fresh_store(source, tmp_path, "a")
+    full = run(cfg, store_a, **ids)
+    store_b, _ = fresh_store(source, tmp_path, "b")
+    with pytest.raises(Stop):
+        run(cfg, store_b, **ids, on_step=stop_at(4))
+    [staging] = (tmp_path / "b/staging/draft" / full.id).glob("a-*")
+    shutil.copytree(staging / "checkpoint-00000003", tmp_path / "ckpt3")
+    with pytest.raises(Stop):
+        run(cfg, store_b, **ids, on_step=stop_at(7))
+    shutil.copytree(tmp_path / "ckpt3", staging / "checkpoint-00000003")
+    (staging / "checkpoint-00000006" / "state.json").write_text("")
+    with caplog.at_level("WARNING"):
+        resumed = run(cfg, store_b, **ids)
+    assert [r.getMessage() for r in caplog.records if "checkpoint-00000006" in r.getMessage()], caplog.text
+    assert resumed.metrics["steps"] == full.metrics["steps"]
+    assert_same_weights(store_a, store_b, full.id)
+    log = (tmp_path / "b/artifacts/draft" / full.id / "train_log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in log] == list(range(full.metrics["steps"]))
+
+
+def test_truncated_checkpoint_weights_mean_a_fresh_start_not_a_crash(source, tmp_path, caplog):
+    cfg = config(epochs=2, checkpoint_every=3)
+    store_a, ids = fresh_store(source, tmp_path, "a")
+    full = run(cfg, store_a, **ids)
+    store_b, _ = fresh_store(source, tmp_path, "b")
+    with pytest.raises(Stop):
+        run(cfg, store_b, **ids, on_step=stop_at(7))
+    [weights] = (tmp_path / "b/staging/draft" / full.id).glob("a-*/checkpoint-00000006/model.safetensors")
+    weights.write_bytes(weights.read_bytes()[:100])
+    with caplog.at_level("WARNING"):
+        run(cfg, store_b, **ids)
+    assert "skipped unreadable checkpoint" in caplog.text and str(weights.parent) in caplog.text
+    assert_same_weights(store_a, store_b, full.id)
+
+
+def test_a_torn_last_line_of_the_training_log_is_dropped_with_a_log_line(source, tmp_path, caplog):
+    """A kill (or a full disk) mid-append leaves half a line; the re-run drops it, says so, and logs each step once."""
+    cfg = config(epochs=2, checkpoint_every=3)
+    store, ids = fresh_store(source, tmp_path)
+    with pytest.raises(Stop):
+        run(cfg, store, **ids, on_step=stop_at(7))
+    [log_path] = (tmp_path / "store/staging/draft").glob("*/a-*/train_log.jsonl")
+    with log_path.open("a") as f:
+        f.write('{"step": 7, "lo')
+    with caplog.at_level("WARNING"):
+        m = run(cfg, store, **ids)
+    assert "torn last line" in caplog.text and str(log_path) in caplog.text
+    log = (tmp_path / "store/artifacts/draft" / m.id / "train_log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in log] == list(range(m.metrics["steps"]))
+
+
+def test_a_full_disk_while_checkpointing_is_an_oserror_naming_the_file_not_a_torch_error(source, tmp_path,
+                                                                                        monkeypatch):
+    """torch.save to a path on a full disk raised RuntimeError("... unexpected pos ..."), naming nothing: the
+    step boundary turns only an OSError into the one line naming the file and its free space."""
+    from steps.lib.training import checkpoint
+    from steps.registry import _one_line
+
+    store, ids = fresh_store(source, tmp_path)
+    full_disk_in(monkeypatch, checkpoint)                        # the optimizer state, written by torch.save
+    with pytest.raises(OSError) as err:
+        run(config(epochs=2, checkpoint_every=3), store, **ids)
+    assert err.value.errno == errno.ENOSPC and err.value.filename.endswith("checkpoint-00000003/optimizer.pt")
+    line = _one_line(err.value)
+    assert line.startswith(f"no space left on device writing {err.value.filename} (filesystem ") and "free" in line
 
 
 def test_every_shard_is_read_through_a_cache_smaller_than_the_data(source, tmp_path, s3_endpoint):

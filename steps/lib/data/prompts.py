@@ -15,7 +15,9 @@ what the draft learned, τ on MT-bench how far it generalises.
 
 Every prompt is `{"id", "source", "messages": [{"role", "content"}]}` with an optional system turn
 and the first user turn only; datagen has the target write the assistant turn. A malformed row in
-a user file is a `ValueError` naming the file, the 1-based line (or row), the field and the fix.
+a user file is a `ValueError` naming the file, the 1-based line (or row), the field and the fix. A row
+larger than `row_byte_bound(datagen.max_prompt_tokens)` is refused before it is parsed (a 100 MB line
+once cost datagen 17 GB): files are read a line (or a record batch) at a time, never whole.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import ast
 import functools
 import gzip
 import importlib.util
+import itertools
 import json
 import random
 import sys
@@ -32,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from steps.lib.config import DatasetConfig, InputError, PipelineConfig, PromptSource
+from steps.lib.config import DatagenConfig, DatasetConfig, InputError, PipelineConfig, PromptSource
 from steps.lib.data.topics import load_pydoc, load_topics
 from steps.lib.store import content_sha256, open_store
 
@@ -46,6 +49,23 @@ MIN_DOCSTRING_CHARS = 80
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 CHAT_ROLES = ("system", "user", "assistant")
+#: bytes of one dataset row allowed per prompt token datagen keeps: generous, as a row holds the whole
+#: conversation (its answers too) and JSON escapes a non-ASCII character as 6 bytes; 4 MiB at the default 1024.
+ROW_BYTES_PER_PROMPT_TOKEN = 4096
+DEFAULT_MAX_PROMPT_TOKENS = DatagenConfig.model_fields["max_prompt_tokens"].default
+#: record batches read from a parquet file at a time (the file is never read whole).
+TABLE_BATCH_ROWS = 1024
+
+
+def row_byte_bound(max_prompt_tokens: int) -> int:
+    """The largest dataset row read (bytes): datagen would drop a longer prompt anyway, after tokenizing it."""
+    return ROW_BYTES_PER_PROMPT_TOKEN * max_prompt_tokens
+
+
+def _too_large(where: str, what: str, max_prompt_tokens: int) -> InputError:
+    return InputError(f"{where}: {what}, over the bound of {row_byte_bound(max_prompt_tokens)} bytes "
+                      f"({ROW_BYTES_PER_PROMPT_TOKEN} per token of datagen.max_prompt_tokens={max_prompt_tokens}); "
+                      "drop or shorten the row, or raise datagen.max_prompt_tokens")
 
 
 def package_file(package: str, rel: str) -> Path:
@@ -237,9 +257,16 @@ def prompt_from_row(row: Any, where: str, default_id: str, source: str = "file")
     return _prompt(pid, source, user["content"], system if system and system.strip() else None)
 
 
-def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
+def _jsonl_rows(path: Path, max_prompt_tokens: int) -> Iterable[tuple[str, Any]]:
+    limit = row_byte_bound(max_prompt_tokens)
     with open(path, "rb") as f:        # bytes: a bad encoding is named with its line, not the whole file
-        for lineno, raw in enumerate(f, start=1):
+        for lineno in itertools.count(1):
+            raw = f.readline(limit + 1)    # at most the bound and its newline: a huge line is never read whole
+            if not raw:
+                return
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                raise _too_large(f"{path}:{lineno}", "a line longer than the bound (not read further)",
+                                 max_prompt_tokens)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -258,7 +285,7 @@ def _table_rows(path: Path) -> Iterable[tuple[str, Any]]:
     if path.is_dir():
         import datasets
 
-        ds = datasets.load_from_disk(str(path))
+        ds = datasets.load_from_disk(str(path))       # memory-mapped: rows are read as they are iterated
         if isinstance(ds, datasets.DatasetDict):
             if "train" not in ds:
                 raise InputError(f"{path}: a DatasetDict without a 'train' split (has {list(ds)}); "
@@ -268,24 +295,35 @@ def _table_rows(path: Path) -> Iterable[tuple[str, Any]]:
     else:
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        batches = pq.ParquetFile(path).iter_batches(batch_size=TABLE_BATCH_ROWS)
+        rows = (row for batch in batches for row in batch.to_pylist())
     for i, row in enumerate(rows, start=1):
         yield f"{path}: row {i}", row
 
 
-def load_file(path: str | Path) -> list[dict[str, Any]]:
-    """A user dataset: JSONL, parquet, or a `datasets.save_to_disk` directory."""
+def _prompt_bytes(prompt: dict[str, Any]) -> int:
+    return sum(len(m["content"].encode()) for m in prompt["messages"])
+
+
+def load_file(path: str | Path, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> list[dict[str, Any]]:
+    """A user dataset: JSONL, parquet, or a `datasets.save_to_disk` directory; a row larger than
+    `row_byte_bound(max_prompt_tokens)` is refused naming its line (JSONL: before it is parsed)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: dataset file not found (dataset.sources[].path)")
     if path.is_dir() or path.suffix == ".parquet":
         rows = _table_rows(path)
     elif path.suffix in (".jsonl", ".json"):
-        rows = _jsonl_rows(path)
+        rows = _jsonl_rows(path, max_prompt_tokens)
     else:
         raise InputError(f"{path}: unknown dataset format {path.suffix!r}; use .jsonl, .parquet "
                          "or a directory written by datasets' save_to_disk")
-    out = [prompt_from_row(row, where, f"{path.stem}-{i}") for i, (where, row) in enumerate(rows, start=1)]
+    out = []
+    for i, (where, row) in enumerate(rows, start=1):
+        prompt = prompt_from_row(row, where, f"{path.stem}-{i}")
+        if _prompt_bytes(prompt) > row_byte_bound(max_prompt_tokens):   # a table's row, read already: not kept
+            raise _too_large(where, f"a prompt of {_prompt_bytes(prompt)} bytes", max_prompt_tokens)
+        out.append(prompt)
     if not out:
         raise InputError(f"{path}: no rows; a dataset needs at least one prompt")
     return out
@@ -310,10 +348,12 @@ def dataset_file(path: str) -> Path:
     return open_store(root).fetch_object(f"datasets/{name}/{file_name}")
 
 
-def load_source(src: PromptSource) -> list[dict[str, Any]]:
+def load_source(src: PromptSource, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> list[dict[str, Any]]:
     if src.kind == "mtbench":
         raise ValueError("mtbench is the held-out evaluation set; use load_mtbench(), not a training source")
-    return load_file(dataset_file(str(src.path))) if src.kind == "file" else BUILTIN[src.kind]()
+    if src.kind == "file":
+        return load_file(dataset_file(str(src.path)), max_prompt_tokens)
+    return BUILTIN[src.kind]()
 
 
 def source_files_sha256(cfg: DatasetConfig) -> dict[str, str]:
@@ -334,13 +374,13 @@ def source_files_sha256(cfg: DatasetConfig) -> dict[str, str]:
     return out
 
 
-def _mixed_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:
+def _mixed_prompts(cfg: DatasetConfig, seed: int, max_prompt_tokens: int) -> list[dict[str, Any]]:
     """Every source shuffled (seeded) and cut to its limit, mixed and shuffled, MT-bench questions dropped."""
     held_out = {p["messages"][-1]["content"].strip() for p in load_mtbench()}
     rng = random.Random(seed)
     mixed: list[dict[str, Any]] = []
     for src in cfg.sources:
-        rows = load_source(src)
+        rows = load_source(src, max_prompt_tokens)
         rng.shuffle(rows)
         mixed += rows[: src.limit] if src.limit is not None else rows
     kept = [p for p in mixed if p["messages"][-1]["content"].strip() not in held_out]
@@ -354,9 +394,11 @@ def _mixed_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:
     return kept
 
 
-def load_prompts(cfg: DatasetConfig, seed: int) -> list[dict[str, Any]]:
-    """Training prompts: the mix without its first `cfg.held_out` (the in-distribution split), capped."""
-    kept = _mixed_prompts(cfg, seed)[cfg.held_out:]
+def load_prompts(cfg: DatasetConfig, seed: int,
+                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> list[dict[str, Any]]:
+    """Training prompts: the mix without its first `cfg.held_out` (the in-distribution split), capped;
+    `max_prompt_tokens` (datagen's) bounds the size of a file's row."""
+    kept = _mixed_prompts(cfg, seed, max_prompt_tokens)[cfg.held_out:]
     kept = kept[: cfg.max_prompts] if cfg.max_prompts is not None else kept
     _check_unique_ids(kept)
     return kept
@@ -369,7 +411,8 @@ def in_distribution_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[s
         cfg.verify.in_distribution_prompts, cfg.dataset.held_out)
     if n == 0:
         return []
-    return [(p["id"], chat_token_ids(tokenizer, p["messages"])) for p in _mixed_prompts(cfg.dataset, cfg.seed)[:n]]
+    mixed = _mixed_prompts(cfg.dataset, cfg.seed, cfg.datagen.max_prompt_tokens)
+    return [(p["id"], chat_token_ids(tokenizer, p["messages"])) for p in mixed[:n]]
 
 
 def _check_unique_ids(prompts: list[dict[str, Any]]) -> None:

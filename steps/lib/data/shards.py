@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from steps.lib.files import naming
+
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
 #: largest finite float8_e4m3fn value: a per-token scale of absmax/448 maps each row onto the
 #: full fp8 range, so the relative rounding error is that of a 3-bit mantissa (≤ 2^-4).
@@ -142,16 +144,18 @@ _SAFETENSORS_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", 
 _RANK = {d: i for i, d in enumerate(_SAFETENSORS_DTYPES)}
 
 
-def save_sorted(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+def save_sorted(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     """A safetensors file with a sorted, compact header, written straight from the tensors' memory.
 
     `safetensors.torch.save_file` copies every tensor into a Python `bytes` first (one more pass
     over ~1 GB a shard on the write path the extraction waits for) and serialises `__metadata__`
     from a hash map, so its key order (and the file's sha256) varied from run to run. Here the
     header is `json.dumps(sort_keys=True)`, padded with spaces to 8 bytes as safetensors pads, and
-    each tensor's bytes are written from a zero-copy view (the write releases the GIL)."""
+    each tensor's bytes are written from a zero-copy view (the write releases the GIL). Python's writes
+    also raise on a full disk, naming the file (`save_file` on a full device returned without an error);
+    without metadata the file equals `save_file`'s without metadata."""
     order = sorted(tensors, key=lambda k: (-_RANK[tensors[k].dtype], k))
-    header: dict[str, Any] = {"__metadata__": metadata}
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata is not None else {}
     at = 0
     for k in order:
         t = tensors[k]
@@ -160,7 +164,7 @@ def save_sorted(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str
         at += n
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text = text.ljust(-(-len(text) // 8) * 8, b" ")
-    with open(path, "wb") as f:
+    with naming(Path(path)), open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
         for k in order:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from steps.lib.errors import ArtifactError
+from steps.lib.files import temp_name, write_atomic
 from steps.lib.store.ids import sha256_file
 
 #: S3's limit for one PUT; objects put whole up to this size get their md5 as ETag.
@@ -57,16 +58,16 @@ class FileBackend:
         if Path(local).resolve() == dst:
             return
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, dst)
+        tmp = temp_name(dst)
+        try:
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)        # a full disk mid-copy leaves no debris behind
+            raise
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        dst = self._p(key)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, dst)
+        write_atomic(self._p(key), data)
 
     def get_file(self, key: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)

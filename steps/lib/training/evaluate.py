@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from steps.lib.config import TrainConfig
+from steps.lib.data.shards import save_sorted
 from steps.lib.metrics import AcceptStats, accepted_prefix
 from steps.lib.model.draft import Eagle3Draft
 from steps.lib.runtime import distributed
@@ -129,7 +129,7 @@ def track_best(t: TrainConfig, tr: Trainer, eval_set: EvalSet, staging: Path, st
         if t.keep_best:
             weights = fp32_state(distributed.full_state(tr.draft)[0])   # collective under FSDP
             if tr.world.is_main:
-                save_file(weights, str(staging / BEST_FILE))
+                save_sorted(weights, staging / BEST_FILE)
     return ev
 
 

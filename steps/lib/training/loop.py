@@ -4,7 +4,6 @@ with checkpoints and the run's metrics."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from torch import Tensor
 
 from steps.lib.artifacts import DRAFT_LOG_FILE
 from steps.lib.config import TrainConfig
+from steps.lib.files import append_jsonl
 from steps.lib.model.draft import Eagle3Draft
 from steps.lib.runtime import distributed
 from steps.lib.training.checkpoint import BEST_FILE, fp32_state, restore, save_checkpoint
@@ -124,8 +124,7 @@ def train_loop(t: TrainConfig, s: Setup, staging: Path,
             state["tokens"] += rec["tokens"]
             state["shards_read"] = sorted(s.reader.read)
             if world.is_main:
-                with (staging / DRAFT_LOG_FILE).open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                append_jsonl(staging / DRAFT_LOG_FILE, rec)
             recent = (recent + [rec])[-10:]
             bar.update(1)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=rec["acc"][0])
