@@ -13,7 +13,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from steps.datagen import stop_token_ids  # noqa: E402
 from steps.lib import artifacts  # noqa: E402
 from steps.lib.data.prompts import chat_token_ids  # noqa: E402
-from steps.lib.model.decode import cpu_threads, decode, decode_static, generate_reference, torch_threads  # noqa: E402
+from steps.lib.model.decode import cpu_threads, decode, generate_reference, torch_threads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -69,17 +69,3 @@ def test_thread_count_follows_the_load_and_is_restored():
     with torch_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
-
-
-def test_the_static_cache_path_gives_the_loops_greedy_tokens_at_one_shape(tiny):
-    """decode_static (the GPU path: one compiled shape, rows padded to `batch_rows`, a cache sized for the
-    longest allowed prompt) answers like the loop, also when its batch is padded and some rows stop early."""
-    model, tok, prompts = tiny
-    first = [a.tokens for a in decode(model, prompts, 16, [], tok.pad_token_id)]
-    stop = next(t for row in first for t in row[1:] if 0 < sum(t in r for r in first) < len(first))
-    for stops in (stop_token_ids(tok, model.config), [stop]):
-        want = decode(model, prompts, 16, stops, tok.pad_token_id)
-        got = decode_static(model, prompts, 16, stops, tok.pad_token_id, max_prompt_tokens=64, batch_rows=8)
-        assert got == want
-    sampled = [decode_static(model, prompts, 12, [], tok.pad_token_id, temperature=1.0, seed=s) for s in (1, 1, 2)]
-    assert sampled[0] == sampled[1] != sampled[2]

@@ -6,15 +6,8 @@ computing them until the longest row ends), the padding columns no live row need
 cache, and the prefill computes logits for the last position only. Greedy output is token for token
 what greedy `generate` gives on the same batch (tests/unit/test_decode.py).
 
-On a GPU that loop is bound by the host, not the GPU: every step grows a dynamic cache by copying it
-and launches a few hundred small kernels from Python. `decode_static` is the GPU path: transformers'
-own static KV cache, which `generate` compiles into CUDA graphs (one fixed-shape step for the whole
-batch, the cache written in place), at a batch size the GPU fills; rows that finish keep their slot
-until the batch ends (on a GPU a slot costs far less than a launch). Greedy, it gives the tokens the loop
-gives in the same dtype (tests/unit/test_decode.py on a CPU, where nothing is compiled).
-
-`steps/lib/model/reference_engine.py` decodes one request at a time with a draft; these are the batched,
-draft-free loops. Both name the KV-cache argument through `cache_kwarg`.
+`steps/lib/model/reference_engine.py` decodes one request at a time with a draft; this is the batched, draft-free loop.
+Both name the KV-cache argument through `cache_kwarg`.
 """
 
 from __future__ import annotations
@@ -132,36 +125,6 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
 
 
 @torch.no_grad()
-def decode_static(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, stops: Iterable[int],
-                  pad: int, *, temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int | None = None,
-                  batch_rows: int | None = None) -> list[Answer]:
-    """`decode`'s answers through transformers' static cache (compiled on a GPU). The batch is left padded to
-    `batch_rows` rows (repeats of its first prompt, dropped after) and the cache sized for `max_prompt_tokens
-    + max_new_tokens`, so every call of a run has one shape and reuses one compiled graph. Sampling draws
-    from the device's global generator seeded with `seed` (reproducible on one kind of device)."""
-    stop_list = sorted(set(stops))
-    device = next(model.parameters()).device
-    rows = len(prompts)
-    padded = prompts + [prompts[0]] * max(0, (batch_rows or rows) - rows)
-    width = max(len(p) for p in padded)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in padded], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in padded], device=device)
-    sample = temperature > 0
-    if sample:
-        torch.manual_seed(seed)
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
-                         temperature=temperature if sample else None, top_p=None, top_k=None,
-                         eos_token_id=stop_list, pad_token_id=pad, cache_implementation="static",
-                         max_cache_len=(max_prompt_tokens or width) + max_new_tokens,
-                         disable_compile=device.type != "cuda")
-    answers = []
-    for row in out[:rows, width:].tolist():
-        end = next((i for i, t in enumerate(row) if t in stop_list), None)
-        answers.append(Answer(row[:end], True) if end is not None else Answer(row, False))
-    return answers
-
-
-@torch.no_grad()
 def generate_reference(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, stops: list[int],
                        pad: int) -> list[Answer]:
     """Greedy `model.generate` on the same left-padded batch, cut at the first stop token: what `decode`
@@ -178,6 +141,5 @@ def generate_reference(model: torch.nn.Module, prompts: list[list[int]], max_new
     return answers
 
 
-__all__ = ["Answer", "cache_kwarg", "cpu_threads", "decode", "decode_static", "generate_reference",
-           "sampling_generator",
+__all__ = ["Answer", "cache_kwarg", "cpu_threads", "decode", "generate_reference", "sampling_generator",
            "torch_threads"]
