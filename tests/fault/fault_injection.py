@@ -354,7 +354,18 @@ def proxy_trial(i: int, root: Path, config: Path, env: dict[str, str], ref: dict
     return rec
 
 
-def main() -> None:
+#: summary fields that must be 0 for a run to pass: anything corrupt, lost, doubled, recomputed after its
+#: commit, left in staging, or a step that never finished.
+MUST_BE_ZERO = ("corrupt", "lost_shards", "duplicated_shards", "committed_shards_recomputed", "staging_left",
+                "rerun_failures", "proxy_gave_up")
+
+
+def failures(summary: dict[str, Any]) -> dict[str, int]:
+    """The summary's fields that broke a promise (empty: the run passed)."""
+    return {k: summary[k] for k in MUST_BE_ZERO if summary.get(k)}
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=24)
     ap.add_argument("--proxy-runs", type=int, default=4)
@@ -402,7 +413,14 @@ def main() -> None:
             if sink:
                 sink.write(json.dumps(rec) + "\n")
                 sink.flush()
-        print(json.dumps(summary(out, time.monotonic() - t0, args)), flush=True)
+        result = summary(out, time.monotonic() - t0, args)
+        print(json.dumps(result), flush=True)
+        broken = failures(result)
+        if broken:
+            print(f"fault injection: FAILED {broken} (seed {args.seed}; the trials above say which)", flush=True)
+            return 1
+        print(f"fault injection: {len(out)} passed, 0 failed", flush=True)
+        return 0
     finally:
         if sink:
             sink.close()
@@ -436,4 +454,4 @@ def summary(out: list[dict[str, Any]], seconds: float, args: argparse.Namespace)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
