@@ -77,5 +77,6 @@ def test_eaglenest_pipeline_from_the_shell_reuses_the_stored_chain(prefect_stack
     for name, record in out["records"].items():
         kind, art_id = record["uri"].rstrip("/").split("/")[-2:]
         assert (kind, art_id) == (record["kind"], record["id"]), name
+        assert record.get("reused") is True and record["seconds"] == 0.0, (name, record)   # answered, not run
         store.verify(kind, art_id)
     assert out["records"]["verify"]["metrics"]["tau"] >= 1.0 + MIN_GAIN     # the trained draft, not a control
