@@ -62,6 +62,13 @@ def test_sampling_is_seeded_by_the_generator(tiny):
     assert sample(3) == sample(3) and sample(3) != sample(4)
 
 
+@pytest.mark.parametrize(("load", "cores", "threads"), [
+    (0.0, 2, 2), (1.2, 2, 2), (2.4, 2, 2), (3.0, 2, 1), (10.0, 2, 1), (5.0, 8, 8), (12.0, 8, 4)])
+def test_only_the_load_beyond_the_cores_takes_threads(load, cores, threads):
+    # a quiet machine right after the pipeline's own step reads ~1: it must still get every core
+    assert cpu_threads(load, cores) == threads
+
+
 def test_thread_count_follows_the_load_and_is_restored():
     n = cpu_threads()
     assert 1 <= n <= len(os.sched_getaffinity(0))

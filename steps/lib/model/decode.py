@@ -27,14 +27,18 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def cpu_threads() -> int:
+def cpu_threads(load: float | None = None, cores: int | None = None) -> int:
     """Torch threads for a CPU decode: every core when the machine is quiet, fewer when others load it.
 
     On a shared 2-core machine with a load of ~10, two OpenMP threads spin-wait for each other and
     decode ~6x slower than one thread (benchmarks/README.md); on a quiet one, two are ~1.6x faster.
+    Only the load beyond the cores counts as others': the load average also holds this pipeline's own
+    previous step (a quiet machine reads ~1 right after the target step), which took 1 of 2 threads.
     """
-    cores = len(os.sched_getaffinity(0))
-    return max(1, cores - int(os.getloadavg()[0]))
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    load = os.getloadavg()[0] if load is None else load
+    others = max(0, round(load) - cores)
+    return max(1, cores - others)
 
 
 @contextmanager
