@@ -186,6 +186,47 @@ def test_speculative_output_equals_plain_output_and_live_tau_matches_offline(wor
     assert abs(live_tau - offline.tau) <= 0.05 * offline.tau
 
 
+def scripted_counts(x: list[int], prompt_len: int, k: int, max_new_tokens: int, eos: int | None) -> tuple[int, int]:
+    """(accepted drafts, verify steps) the copying draft must give on the target's greedy sequence `x`.
+
+    The script (tests/builders.copying_draft): after x[n] its chain is d_1 = ... = d_k = x[n+1] (d_1 is
+    B∘B of the real feed; later steps reuse the same hidden), so d_j is accepted while x[n+j] == x[n+1];
+    each round commits a + 1 tokens. Rounds run until max_new_tokens or an eos is out (Engine.stream).
+    """
+    n, accepted, steps = prompt_len, 0, 0
+    while True:
+        out = x[prompt_len:n + 1][:max_new_tokens]
+        if len(out) >= max_new_tokens or (eos is not None and eos in out):
+            return accepted, steps
+        a = next((j - 1 for j in range(2, k + 1) if x[n + j] != x[n + 1]), k)
+        accepted, steps, n = accepted + a, steps + 1, n + a + 1
+
+
+def test_live_tau_is_exactly_what_the_scripted_draft_gives(world, spec_server):
+    """τ computed from the script, not a bound: every request's spec_verify_ct and spec_num_correct_drafts
+    equal the counts the copying draft must give on the target's own greedy continuation."""
+    _, server = spec_server
+    cfg = world["cfg"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(world["target_dir"], dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(world["target_dir"])
+    plain = Engine(target, tok, None, layer_ids=LAYER_IDS, num_steps=K)
+    max_new, expected, live = cfg.verify.max_new_tokens, [], []
+    for _, ids in held_out_prompts(cfg, tok):
+        # the chain may look up to k tokens past max_new_tokens
+        x = list(ids) + plain.generate_plain(ids, max_new + K + 1)
+        expected.append(scripted_counts(x, len(ids), K, max_new, tok.eos_token_id))
+        meta = post(f"{server.base_url}/generate", {"input_ids": ids, "sampling_params":
+                                                    {"max_new_tokens": max_new, "temperature": 0}})["meta_info"]
+        live.append((meta["spec_num_correct_drafts"], meta["spec_verify_ct"]))
+    assert live == expected
+    accepted, steps = map(sum, zip(*expected, strict=True))
+    tau = (accepted + steps) / steps
+    print(f"live τ = scripted τ = {tau:.4f}")
+    assert 1.0 < tau < K + 1          # the script is neither trivially rejected nor a fixed point throughout
+
+
 def test_v1_completions_streams_the_same_text_as_the_non_streaming_answer(spec_server):
     _, server = spec_server
     body = {"prompt": "import os\n", "max_tokens": 10, "temperature": 0}
