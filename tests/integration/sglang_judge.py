@@ -142,10 +142,10 @@ def error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def publish_case(target: str, draft: str) -> ServerArgs:
+def publish_case(target: str, draft: str, **server_args: Any) -> ServerArgs:
     """The process-wide config one `sglang.launch_server` for this draft would publish (last wins)."""
     args = ServerArgs(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                      device="cpu", tp_size=1)
+                      device="cpu", tp_size=1, **server_args)
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
     return args
 
