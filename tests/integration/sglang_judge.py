@@ -5,7 +5,8 @@ tests/integration/test_sglang_loader.py calls it once for all its cases:
 
     .venv-sglang/bin/python tests/integration/sglang_judge.py < request.json > verdicts.json
 
-stdin: `{"cases": [{"name", "draft", "target"}]}` (directories: an SGLang draft, the target's HF dir).
+stdin: `{"cases": [{"name", "draft", "target", "server_args"?}]}` (directories: an SGLang draft, the target's
+HF dir; `server_args`: more `ServerArgs` fields, e.g. the `context_length` our launch command sets).
 stdout, last line: `{"version", "cases": {name: verdict}}`; SGLang's own logging goes to stderr.
 
 Per case, as one SGLang server start would (`Scheduler` → `TpModelWorker` → `ModelRunner`):
@@ -290,15 +291,18 @@ def judge(case: dict[str, Any]) -> dict[str, Any]:
     verdict: dict[str, Any] = {"errors": {}}
     stage = "publish"
     try:
-        server_args = publish_case(case["target"], case["draft"])
+        server_args = publish_case(case["target"], case["draft"], **case.get("server_args", {}))
         stage = "draft_config"
         draft_config = ModelConfig.from_server_args(server_args, model_path=get_spec().speculative_draft_model_path,
                                                     model_revision=get_spec().speculative_draft_model_revision,
                                                     is_draft_model=True)
         verdict["eagle_config"] = getattr(draft_config.hf_config, "eagle_config", None)
+        verdict["context_len"] = int(draft_config.context_len)
         stage = "draft_build"
         draft, loader = build(draft_config)
         verdict["model_class"] = type(draft).__name__
+        # LlamaForCausalLMEagle3 without a draft_vocab_size: the target's lm_head is loaded in its place
+        verdict["load_lm_head_from_target"] = getattr(draft, "load_lm_head_from_target", None)
         verdict["dtype"] = str(draft_config.dtype).removeprefix("torch.")
         stage = "load"
         verdict.update(load_with_sentinel(draft, loader, draft_config))
