@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import socket
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,43 @@ SPECULATORS_DRAFT_KEYS = {
 LAYER_IDS = (1, 2, 3)          # internal convention; SGLang's eagle_config holds [0, 1, 2]
 
 
+def ephemeral_ports() -> range:
+    """The kernel's range for outgoing connections and bind(0) (Linux: /proc; elsewhere its default)."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    return range(lo, hi + 1)
+
+
+_HANDED_OUT: set[int] = set()
+_PORTS = random.Random()
+
+
 def free_port() -> int:
+    """A port a test server can bind a moment later, outside the ephemeral range.
+
+    bind(0) hands out an ephemeral port, the range every outgoing connection on the machine (HTTP clients,
+    the Prefect server's, other engineers' tests) also draws from: between our check and the server's own
+    bind, one of those could take it. A random port below the range is taken only by another explicit bind.
+    Never the same port twice in one test process."""
+    below = range(20000, ephemeral_ports().start)
+    for _ in range(200):
+        port = _PORTS.choice(below) if len(below) > 1000 else _bound_port(0)   # a low range: the kernel's pick
+        if port in _HANDED_OUT:
+            continue
+        try:
+            _bound_port(port)
+        except OSError:
+            continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port after 200 tries")
+
+
+def _bound_port(port: int) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", port))
         return s.getsockname()[1]
 
 
