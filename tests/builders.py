@@ -93,6 +93,17 @@ def _bound_port(port: int) -> int:
         return s.getsockname()[1]
 
 
+def load_factor(cap: float = 5.0) -> float:
+    """How much busier this machine is than one runnable process per core: the 1-minute load average over
+    the cores, at least 1, at most `cap`. A wall-clock limit a test must set (a server's start-up deadline
+    that one attempt is meant to meet) is its quiet-machine value times this."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return min(cap, max(1.0, load / (os.cpu_count() or 1)))
+
+
 def cli_record(capsys, main, *argv: str) -> tuple[int, dict]:
     """Run a step's `main(argv + --json)`; (exit code, the one JSON line it printed on stdout)."""
     capsys.readouterr()
@@ -275,6 +286,37 @@ def copying_draft(target, *, bigram: torch.Tensor | None = None, intermediate_si
         draft.d2t.copy_(vocab - torch.arange(len(vocab)))
         draft.t2d[vocab] = True
     return draft
+
+
+def scripted_chain_counts(x: list[int], prompt_len: int, k: int, max_new_tokens: int,
+                          eos: int | None) -> tuple[int, int]:
+    """(accepted drafts, verify steps) the copying draft must give on the target's greedy sequence `x`.
+
+    The script (copying_draft above): after x[n] its chain is d_1 = ... = d_k = x[n+1] (d_1 is
+    B∘B of the real feed; later steps reuse the same hidden), so d_j is accepted while x[n+j] == x[n+1];
+    each round commits a + 1 tokens. Rounds run until max_new_tokens or an eos is out (Engine.stream).
+    """
+    n, accepted, steps = prompt_len, 0, 0
+    while True:
+        out = x[prompt_len:n + 1][:max_new_tokens]
+        if len(out) >= max_new_tokens or (eos is not None and eos in out):
+            return accepted, steps
+        a = next((j - 1 for j in range(2, k + 1) if x[n + j] != x[n + 1]), k)
+        accepted, steps, n = accepted + a, steps + 1, n + a + 1
+
+
+def scripted_totals(target_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
+                    eos: int | None) -> list[tuple[int, int]]:
+    """scripted_chain_counts per prompt, on the target's own greedy continuation (k tokens past the end:
+    a chain may look that far)."""
+    from transformers import AutoModelForCausalLM
+
+    from steps.lib.model.reference_engine import Engine
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    plain = Engine(target, None, None, layer_ids=[], num_steps=k)
+    return [scripted_chain_counts(list(ids) + plain.generate_plain(ids, max_new_tokens + k + 1), len(ids), k,
+                                  max_new_tokens, eos) for ids in prompts]
 
 
 # --- artifacts -----------------------------------------------------------------------------------------

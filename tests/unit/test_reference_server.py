@@ -35,11 +35,13 @@ from steps.lib.model.reference_engine import Engine
 from steps.lib.reference.server import HANG_ENV
 from steps.lib.serving import launch as launching
 from steps.lib.serving import start as serving
-from tests.builders import bigram_world, free_port
+from tests.builders import bigram_world, free_port, load_factor, scripted_totals
 from tests.conftest import process_alive
 
 LAYER_IDS, K = [1, 2, 3], 3
-F6_TIMEOUT_S = 40        # the retry must load within it on a loaded 2-core machine (~20 s)
+#: the retry must load within it: ~20 s on a quiet 2-core machine, scaled by the machine's load when the
+#: module starts (CI builds images on the same cores)
+F6_TIMEOUT_S = int(40 * load_factor())
 # f6_run is the suite's one live CUDA-graph hang (the serve step on the reference engine, waited out): the
 # failure catalogue and tests/unit/test_serve.py use tests/fake_sglang.py, which hangs without loading a model.
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -186,37 +188,19 @@ def test_speculative_output_equals_plain_output_and_live_tau_matches_offline(wor
     assert abs(live_tau - offline.tau) <= 0.05 * offline.tau
 
 
-def scripted_counts(x: list[int], prompt_len: int, k: int, max_new_tokens: int, eos: int | None) -> tuple[int, int]:
-    """(accepted drafts, verify steps) the copying draft must give on the target's greedy sequence `x`.
-
-    The script (tests/builders.copying_draft): after x[n] its chain is d_1 = ... = d_k = x[n+1] (d_1 is
-    B∘B of the real feed; later steps reuse the same hidden), so d_j is accepted while x[n+j] == x[n+1];
-    each round commits a + 1 tokens. Rounds run until max_new_tokens or an eos is out (Engine.stream).
-    """
-    n, accepted, steps = prompt_len, 0, 0
-    while True:
-        out = x[prompt_len:n + 1][:max_new_tokens]
-        if len(out) >= max_new_tokens or (eos is not None and eos in out):
-            return accepted, steps
-        a = next((j - 1 for j in range(2, k + 1) if x[n + j] != x[n + 1]), k)
-        accepted, steps, n = accepted + a, steps + 1, n + a + 1
-
-
 def test_live_tau_is_exactly_what_the_scripted_draft_gives(world, spec_server):
-    """τ computed from the script, not a bound: every request's spec_verify_ct and spec_num_correct_drafts
+    """τ computed from the script, not a bound: every request's spec_num_correct_drafts and spec_verify_ct
     equal the counts the copying draft must give on the target's own greedy continuation."""
     _, server = spec_server
     cfg = world["cfg"]
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    target = AutoModelForCausalLM.from_pretrained(world["target_dir"], dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(world["target_dir"])
-    plain = Engine(target, tok, None, layer_ids=LAYER_IDS, num_steps=K)
-    max_new, expected, live = cfg.verify.max_new_tokens, [], []
-    for _, ids in held_out_prompts(cfg, tok):
-        # the chain may look up to k tokens past max_new_tokens
-        x = list(ids) + plain.generate_plain(ids, max_new + K + 1)
-        expected.append(scripted_counts(x, len(ids), K, max_new, tok.eos_token_id))
+    prompts = [ids for _, ids in held_out_prompts(cfg, tok)]
+    max_new = cfg.verify.max_new_tokens
+    expected = scripted_totals(world["target_dir"], prompts, K, max_new, tok.eos_token_id)
+    live = []
+    for ids in prompts:
         meta = post(f"{server.base_url}/generate", {"input_ids": ids, "sampling_params":
                                                     {"max_new_tokens": max_new, "temperature": 0}})["meta_info"]
         live.append((meta["spec_num_correct_drafts"], meta["spec_verify_ct"]))
@@ -338,7 +322,7 @@ def test_eaglenest_serve_launches_the_reference_engine_answers_and_stops_on_sigt
 
 def test_a_cuda_graph_hang_times_out_then_serve_run_retries_without_graphs_f6(world, f6_run):
     thread, result, cfg = f6_run
-    thread.join(timeout=F6_TIMEOUT_S + 90)
+    thread.join(timeout=2 * F6_TIMEOUT_S + 90)
     assert "error" not in result, result.get("error")
     manifest = result["manifest"]
     attempts = manifest.meta["attempts"]
