@@ -38,6 +38,7 @@ import torch
 from steps import export, extract, mapping, target, train
 from steps.lib import artifacts, formats
 from steps.lib.diagnose import diagnose
+from steps.lib.extraction import capture
 from steps.lib.formats.sglang_loader import load_sglang_draft
 from steps.lib.store import open_store
 from tests.builders import (
@@ -178,6 +179,9 @@ def judged(ours, catalogue) -> dict[str, Any]:
     # what our launch command adds (steps/lib/serving/start.py: --context-length from the target)
     cases[-3]["server_args"] = {"context_length": TARGET_CONTEXT}
     assert cases[-3]["name"] == "f5-short-context-under-our-command"
+    # extraction's aux-capture server of our target, started with the flags extraction documents
+    cases.append({"name": "extract-aux-server", "target": str(ours["target"]),
+                  "argv": [*capture.aux_server_args(LAYER_IDS), "--device", "cpu"]})
     return run_judge(cases)
 
 
@@ -264,6 +268,15 @@ def test_sglang_captures_the_layers_extraction_captured(judged, ours):
     assert capture["eagle_use_aux_hidden_state"] and capture["capture_aux_hidden_states"]
     assert capture["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in LAYER_IDS]   # SGLang's convention
     assert capture["layers_to_capture"] == capture["captured"] == manifest_ids
+
+
+def test_extractions_aux_server_captures_the_layers_extraction_records(judged, ours):
+    """The F4 convention on the extraction side: SGLang started with `capture.aux_server_args(ids)` (no draft)
+    captures exactly the internal layers the hidden-state manifest names, the ones the draft is served with."""
+    capture_set = verdict(judged, "extract-aux-server")["capture"]
+    assert capture_set["eagle_use_aux_hidden_state"] and capture_set["capture_aux_hidden_states"]
+    assert capture_set["layers_to_capture"] == capture_set["captured"] == ours["hidden"].meta["layer_ids"]
+    assert capture_set["captured"] == verdict(judged, "ours")["capture"]["captured"]
 
 
 def test_sglang_captures_the_catalogue_drafts_trained_layers(judged):
