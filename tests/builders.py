@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import socket
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,55 @@ SPECULATORS_DRAFT_KEYS = {
 LAYER_IDS = (1, 2, 3)          # internal convention; SGLang's eagle_config holds [0, 1, 2]
 
 
+def ephemeral_ports() -> range:
+    """The kernel's range for outgoing connections and bind(0) (Linux: /proc; elsewhere its default)."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    return range(lo, hi + 1)
+
+
+_HANDED_OUT: set[int] = set()
+_PORTS = random.Random()
+
+
 def free_port() -> int:
+    """A port a test server can bind a moment later, outside the ephemeral range.
+
+    bind(0) hands out an ephemeral port, the range every outgoing connection on the machine (HTTP clients,
+    the Prefect server's, other engineers' tests) also draws from: between our check and the server's own
+    bind, one of those could take it. A random port below the range is taken only by another explicit bind.
+    Never the same port twice in one test process."""
+    below = range(20000, ephemeral_ports().start)
+    for _ in range(200):
+        port = _PORTS.choice(below) if len(below) > 1000 else _bound_port(0)   # a low range: the kernel's pick
+        if port in _HANDED_OUT:
+            continue
+        try:
+            _bound_port(port)
+        except OSError:
+            continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port after 200 tries")
+
+
+def _bound_port(port: int) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", port))
         return s.getsockname()[1]
+
+
+def load_factor(cap: float = 5.0) -> float:
+    """How much busier this machine is than one runnable process per core: the 1-minute load average over
+    the cores, at least 1, at most `cap`. A wall-clock limit a test must set (a server's start-up deadline
+    that one attempt is meant to meet) is its quiet-machine value times this."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return min(cap, max(1.0, load / (os.cpu_count() or 1)))
 
 
 def cli_record(capsys, main, *argv: str) -> tuple[int, dict]:
@@ -240,6 +286,37 @@ def copying_draft(target, *, bigram: torch.Tensor | None = None, intermediate_si
         draft.d2t.copy_(vocab - torch.arange(len(vocab)))
         draft.t2d[vocab] = True
     return draft
+
+
+def scripted_chain_counts(x: list[int], prompt_len: int, k: int, max_new_tokens: int,
+                          eos: int | None) -> tuple[int, int]:
+    """(accepted drafts, verify steps) the copying draft must give on the target's greedy sequence `x`.
+
+    The script (copying_draft above): after x[n] its chain is d_1 = ... = d_k = x[n+1] (d_1 is
+    B∘B of the real feed; later steps reuse the same hidden), so d_j is accepted while x[n+j] == x[n+1];
+    each round commits a + 1 tokens. Rounds run until max_new_tokens or an eos is out (Engine.stream).
+    """
+    n, accepted, steps = prompt_len, 0, 0
+    while True:
+        out = x[prompt_len:n + 1][:max_new_tokens]
+        if len(out) >= max_new_tokens or (eos is not None and eos in out):
+            return accepted, steps
+        a = next((j - 1 for j in range(2, k + 1) if x[n + j] != x[n + 1]), k)
+        accepted, steps, n = accepted + a, steps + 1, n + a + 1
+
+
+def scripted_totals(target_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
+                    eos: int | None) -> list[tuple[int, int]]:
+    """scripted_chain_counts per prompt, on the target's own greedy continuation (k tokens past the end:
+    a chain may look that far)."""
+    from transformers import AutoModelForCausalLM
+
+    from steps.lib.model.reference_engine import Engine
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    plain = Engine(target, None, None, layer_ids=[], num_steps=k)
+    return [scripted_chain_counts(list(ids) + plain.generate_plain(ids, max_new_tokens + k + 1), len(ids), k,
+                                  max_new_tokens, eos) for ids in prompts]
 
 
 # --- artifacts -----------------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ tests/integration/test_sglang_loader.py calls it once for all its cases:
 
     .venv-sglang/bin/python tests/integration/sglang_judge.py < request.json > verdicts.json
 
-stdin: `{"cases": [{"name", "draft", "target"}]}` (directories: an SGLang draft, the target's HF dir).
+stdin: `{"cases": [{"name", "draft", "target", "server_args"?}]}` (directories: an SGLang draft, the target's
+HF dir; `server_args`: more `ServerArgs` fields, e.g. the `context_length` our launch command sets). A case
+`{"name", "target", "argv"}` (after the draft cases) is a target server without a draft, started with those
+flags (extraction's aux-capture server): SGLang's parser reads them, then only step 3 runs.
 stdout, last line: `{"version", "cases": {name: verdict}}`; SGLang's own logging goes to stderr.
 
 Per case, as one SGLang server start would (`Scheduler` → `TpModelWorker` → `ModelRunner`):
@@ -43,6 +46,7 @@ it the rotary embedding looks up a CUDA kernel (`vllm._custom_ops`) at construct
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.abc
 import importlib.machinery
@@ -142,10 +146,10 @@ def error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def publish_case(target: str, draft: str) -> ServerArgs:
+def publish_case(target: str, draft: str, **server_args: Any) -> ServerArgs:
     """The process-wide config one `sglang.launch_server` for this draft would publish (last wins)."""
     args = ServerArgs(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                      device="cpu", tp_size=1)
+                      device="cpu", tp_size=1, **server_args)
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
     return args
 
@@ -286,50 +290,79 @@ def load_with_sentinel(model: torch.nn.Module, loader: DefaultModelLoader, model
 
 # --- one case ----------------------------------------------------------------------------------------
 
+def capture(server_args: ServerArgs) -> dict[str, Any]:
+    """The target's capture set-up as ModelRunner does it; which decoder layers capture their input."""
+    target_config = ModelConfig.from_server_args(server_args, model_path=get_model().model_path,
+                                                 model_revision=get_model().revision, is_draft_model=False)
+    aux = resolve_spec_aux_hidden_state_config(
+        server_args=server_args, model_config=target_config,
+        spec_algorithm=SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm),
+        is_draft_worker=False)
+    target, _ = build(target_config)
+    configure_aux_hidden_state_capture(
+        model=target, eagle_use_aux_hidden_state=aux.eagle_use_aux_hidden_state,
+        eagle_aux_hidden_state_layer_ids=aux.eagle_aux_hidden_state_layer_ids,
+        dflash_use_aux_hidden_state=aux.dflash_use_aux_hidden_state,
+        dflash_target_layer_ids=aux.dflash_target_layer_ids, is_dspark=aux.is_dspark)
+    inner = target.model
+    to_capture = [int(i) for i in inner.layers_to_capture]
+    return {
+        "target_class": type(target).__name__,
+        "eagle_aux_hidden_state_layer_ids": aux.eagle_aux_hidden_state_layer_ids,
+        "eagle_use_aux_hidden_state": aux.eagle_use_aux_hidden_state,
+        "capture_aux_hidden_states": bool(getattr(target, "capture_aux_hidden_states", False)),
+        "layers_to_capture": to_capture,
+        # LlamaModel.forward captures the input of layer i for i in layers_to_capture, over the
+        # layers this rank runs: an index past the last layer is never captured.
+        "captured": [i for i in to_capture if inner.start_layer <= i < inner.end_layer],
+        "num_hidden_layers": int(target_config.hf_config.num_hidden_layers),
+    }
+
+
+def publish_argv(target: str, argv: list[str]) -> ServerArgs:
+    """A server started as `sglang.launch_server --model-path TARGET ARGV`: SGLang's own parser, then publish."""
+    parser = argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", target, *argv]))
+    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    return args
+
+
+def judge_server(case: dict[str, Any]) -> dict[str, Any]:
+    """A target server without a draft (extraction's aux-capture server): its capture set-up only."""
+    verdict: dict[str, Any] = {"errors": {}}
+    try:
+        verdict["capture"] = capture(publish_argv(case["target"], case["argv"]))
+    except Exception as exc:
+        verdict["errors"]["capture"] = error(exc)
+        verdict["errors"]["capture_traceback"] = traceback.format_exc()[-3000:]
+    return verdict
+
+
+
 def judge(case: dict[str, Any]) -> dict[str, Any]:
     verdict: dict[str, Any] = {"errors": {}}
     stage = "publish"
     try:
-        server_args = publish_case(case["target"], case["draft"])
+        server_args = publish_case(case["target"], case["draft"], **case.get("server_args", {}))
         stage = "draft_config"
         draft_config = ModelConfig.from_server_args(server_args, model_path=get_spec().speculative_draft_model_path,
                                                     model_revision=get_spec().speculative_draft_model_revision,
                                                     is_draft_model=True)
         verdict["eagle_config"] = getattr(draft_config.hf_config, "eagle_config", None)
+        verdict["context_len"] = int(draft_config.context_len)
         stage = "draft_build"
         draft, loader = build(draft_config)
         verdict["model_class"] = type(draft).__name__
+        # LlamaForCausalLMEagle3 without a draft_vocab_size: the target's lm_head is loaded in its place
+        verdict["load_lm_head_from_target"] = getattr(draft, "load_lm_head_from_target", None)
         verdict["dtype"] = str(draft_config.dtype).removeprefix("torch.")
         stage = "load"
         verdict.update(load_with_sentinel(draft, loader, draft_config))
         del draft
 
         stage = "capture"
-        target_config = ModelConfig.from_server_args(server_args, model_path=get_model().model_path,
-                                                     model_revision=get_model().revision, is_draft_model=False)
-        aux = resolve_spec_aux_hidden_state_config(
-            server_args=server_args, model_config=target_config,
-            spec_algorithm=SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm),
-            is_draft_worker=False)
-        target, _ = build(target_config)
-        configure_aux_hidden_state_capture(
-            model=target, eagle_use_aux_hidden_state=aux.eagle_use_aux_hidden_state,
-            eagle_aux_hidden_state_layer_ids=aux.eagle_aux_hidden_state_layer_ids,
-            dflash_use_aux_hidden_state=aux.dflash_use_aux_hidden_state,
-            dflash_target_layer_ids=aux.dflash_target_layer_ids, is_dspark=aux.is_dspark)
-        inner = target.model
-        to_capture = [int(i) for i in inner.layers_to_capture]
-        verdict["capture"] = {
-            "target_class": type(target).__name__,
-            "eagle_aux_hidden_state_layer_ids": aux.eagle_aux_hidden_state_layer_ids,
-            "eagle_use_aux_hidden_state": aux.eagle_use_aux_hidden_state,
-            "capture_aux_hidden_states": bool(getattr(target, "capture_aux_hidden_states", False)),
-            "layers_to_capture": to_capture,
-            # LlamaModel.forward captures the input of layer i for i in layers_to_capture, over the
-            # layers this rank runs: an index past the last layer is never captured.
-            "captured": [i for i in to_capture if inner.start_layer <= i < inner.end_layer],
-            "num_hidden_layers": int(target_config.hf_config.num_hidden_layers),
-        }
+        verdict["capture"] = capture(server_args)
     except Exception as exc:
         verdict["errors"][stage] = error(exc)
         verdict["errors"][f"{stage}_traceback"] = traceback.format_exc()[-3000:]
@@ -350,7 +383,7 @@ def main() -> int:
                     out["setup_error"] = error(exc) + "\n" + traceback.format_exc()[-3000:]
                     break
                 distributed = True
-            out["cases"][case["name"]] = judge(case)
+            out["cases"][case["name"]] = judge_server(case) if "argv" in case else judge(case)
     print(json.dumps(out, default=str))
     return 0
 

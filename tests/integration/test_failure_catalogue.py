@@ -44,6 +44,7 @@ from tests.builders import (
     copying_draft,
     export_sglang,
     free_port,
+    load_factor,
     misalign_d2t,
     next_token_map,
     variant,
@@ -119,7 +120,7 @@ START_TIMEOUT_S = 150
 #: SGLang's start-up in seconds, not a model load: the CUDA-graph hang is waited out live once in the suite
 #: (tests/unit/test_reference_server.py, the serve step on the reference engine); here it only feeds doctor.
 FAKE_SGLANG = (sys.executable, str(REPO / "tests" / "fake_sglang.py"))
-HANG_TIMEOUT_S = 3
+HANG_TIMEOUT_S = round(3 * load_factor())     # scaled: the healthy retry must start within it too
 
 
 def start(world, draft: Path, name: str, **kw) -> launching.Server:

@@ -4,6 +4,10 @@
    runs `promote`'s rollback hook, which puts `production` and `previous` back exactly;
 2. the safety net: a failed `eagle3-pipeline` run that had moved `production` makes the server's
    automation start `eaglenest-rollback/rollback-local` on the worker, which moves `production` back.
+
+`rollback_flow`'s other two branches, run as a flow against the same server (no automation to wait for):
+a failed `benchmark` child run rolls back what its parent pipeline promoted (the parent found through the
+child's parent task run), and a failed run that did not move `production` leaves it alone.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def test_a_failure_inside_the_transaction_restores_both_aliases(api, store):
     assert store.get_alias("previous") is None
 
 
-def test_the_automation_rolls_back_after_a_failed_pipeline_run(api, store):
+def test_the_automation_rolls_back_after_a_pipeline_run(api, store):
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.states import Failed, Running
 
@@ -85,3 +89,58 @@ def test_the_automation_rolls_back_after_a_failed_pipeline_run(api, store):
             time.sleep(3)
     assert store.get_alias("production")["id"] == "a000000000000001"
     assert store.get_alias("production")["meta"] == {"tau": 2.0}
+
+
+def pipeline_run(client, store, *, moved: bool):
+    """An eagle3-pipeline run that died; `moved`: it had promoted export b (the alias names the run).
+
+    Left Running, never set Failed: a Failed state would also start the automation (the test above), which
+    would race the direct `rollback_flow` call these tests make. `rollback_flow` reads no state.
+    """
+    from prefect.states import Running
+
+    from flows.pipeline import eagle3_pipeline
+
+    run = client.create_flow_run(eagle3_pipeline, parameters={"config": "configs/tiny.yaml", "store": store.uri})
+    if moved:
+        store.restore_alias("previous", store.get_alias("production"))
+        store.set_alias("production", "export", "b000000000000002", meta={"flow_run_id": str(run.id)})
+    client.set_flow_run_state(run.id, Running(), force=True)
+    return run
+
+
+def test_a_failed_benchmark_child_rolls_back_what_its_pipeline_promoted(api, store):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.states import Running
+
+    from flows.pipeline import step_task
+    from flows.promotion import rollback_flow
+    from flows.step_flows import flow_of
+
+    with SyncPrefectClient(api.api_url) as client:
+        pipeline = pipeline_run(client, store, moved=True)
+        parent = client.create_task_run(step_task, pipeline.id, dynamic_key="benchmark")
+        # a benchmark child's parameters carry no pipeline flow run id: only its parent task run leads back
+        child = client.create_flow_run(flow_of("benchmark"), parent_task_run_id=parent.id,
+                                       parameters={"config": "configs/tiny.yaml", "store": store.uri})
+        client.set_flow_run_state(child.id, Running(), force=True)
+    result = rollback_flow(f"prefect.flow-run.{child.id}", reason="benchmark died")
+    assert result["action"] == "production moved back from export b000000000000002 to a000000000000001"
+    assert store.get_alias("production")["id"] == "a000000000000001"
+    assert store.get_alias("production")["meta"] == {"tau": 2.0}
+
+
+def test_a_failed_run_that_did_not_move_production_leaves_it_alone(api, store):
+    from prefect.client.orchestration import SyncPrefectClient
+
+    from flows.promotion import rollback_flow
+
+    with SyncPrefectClient(api.api_url) as client:
+        promoted = pipeline_run(client, store, moved=True)        # another run moved production ...
+        other = pipeline_run(client, store, moved=False)         # ... this one failed before promoting
+    before = store.get_alias("production")
+    assert before["meta"]["flow_run_id"] == str(promoted.id)
+    result = rollback_flow(f"prefect.flow-run.{other.id}", reason="failed before the gate")
+    assert result["action"] == ("nothing to roll back: production (b000000000000002) was not moved by this run")
+    assert store.get_alias("production") == before
+

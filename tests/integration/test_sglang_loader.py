@@ -15,7 +15,10 @@ mapping → train → export, non-default aux layers [1, 3, 4]): SGLang must loa
 `hot_token_id` = the mapping's d2t + arange and the captured layers = what extraction recorded in the
 hidden-state manifest. The failure catalogue's healthy export loads completely too; its broken variants
 (built with test_failure_catalogue.py's own builders) are each caught by the judge, and `eaglenest
-doctor` names the row of every one of them.
+doctor` names the row of every one of them. F5 and F7 the same way, from SGLang's own reading of the draft's
+config.json: a short `max_position_embeddings` becomes the draft's context (and stops the start under our
+command's `--context-length`), a null `draft_vocab_size` makes SGLang size the head for the target and
+load the target's, architecture `LlamaForCausalLM` makes its `ModelRegistry` build the target's class.
 
 A missing `.venv-sglang` FAILS this test, never skips it (scripts/setup-sglang-venv.sh builds it).
 """
@@ -35,10 +38,12 @@ import torch
 from steps import export, extract, mapping, target, train
 from steps.lib import artifacts, formats
 from steps.lib.diagnose import diagnose
+from steps.lib.extraction import capture
 from steps.lib.formats.sglang_loader import load_sglang_draft
 from steps.lib.store import open_store
 from tests.builders import (
     CATALOGUE_LAYER_IDS,
+    CATALOGUE_V,
     build_target,
     copying_draft,
     export_sglang,
@@ -75,6 +80,16 @@ BROKEN = {
     "d2t-missing": "F3",
     "f4-ids-off-by-one": "F4",
 }
+#: config.json variants SGLang reads otherwise (F5, F7) → the row doctor must name. Not in BROKEN: the
+#: architecture variant is not even built as an EAGLE-3 draft, so the key-by-key checks above do not apply.
+CONFIG_BROKEN = {
+    "f5-short-context": "F5",
+    "f5-short-context-under-our-command": "F5",
+    "f7-null-draft-vocab-size": "F7",
+    "f7-target-architecture": "F7",
+}
+#: the catalogue target's context (its max_position_embeddings, and the --context-length our command sets)
+TARGET_CONTEXT = 512
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -130,6 +145,13 @@ def catalogue(tmp_path_factory) -> dict[str, Any]:
         "d2t-float": variant(w, "d2t-float", edit=edit("d2t", lambda t: t.float())),
         "d2t-missing": variant(w, "d2t-missing", drop=("d2t",)),
     }
+    short = variant(w, "f5-short-context", max_position_embeddings=16)
+    w["config_broken"] = {
+        "f5-short-context": short,
+        "f5-short-context-under-our-command": short,
+        "f7-null-draft-vocab-size": variant(w, "f7-null-draft-vocab-size", draft_vocab_size=None),
+        "f7-target-architecture": variant(w, "f7-target-architecture", architectures=["LlamaForCausalLM"]),
+    }
     w["d2t"] = draft.d2t.clone()
     return w
 
@@ -153,7 +175,13 @@ def judged(ours, catalogue) -> dict[str, Any]:
     cases = [{"name": "ours", "draft": str(ours["dir"]), "target": str(ours["target"])},
              {"name": "catalogue-healthy", "draft": str(catalogue["healthy"]), "target": str(catalogue["target"])}]
     cases += [{"name": name, "draft": str(path), "target": str(catalogue["target"])}
-              for name, path in catalogue["broken"].items()]
+              for name, path in {**catalogue["broken"], **catalogue["config_broken"]}.items()]
+    # what our launch command adds (steps/lib/serving/start.py: --context-length from the target)
+    cases[-3]["server_args"] = {"context_length": TARGET_CONTEXT}
+    assert cases[-3]["name"] == "f5-short-context-under-our-command"
+    # extraction's aux-capture server of our target, started with the flags extraction documents
+    cases.append({"name": "extract-aux-server", "target": str(ours["target"]),
+                  "argv": [*capture.aux_server_args(LAYER_IDS), "--device", "cpu"]})
     return run_judge(cases)
 
 
@@ -242,6 +270,15 @@ def test_sglang_captures_the_layers_extraction_captured(judged, ours):
     assert capture["layers_to_capture"] == capture["captured"] == manifest_ids
 
 
+def test_extractions_aux_server_captures_the_layers_extraction_records(judged, ours):
+    """The F4 convention on the extraction side: SGLang started with `capture.aux_server_args(ids)` (no draft)
+    captures exactly the internal layers the hidden-state manifest names, the ones the draft is served with."""
+    capture_set = verdict(judged, "extract-aux-server")["capture"]
+    assert capture_set["eagle_use_aux_hidden_state"] and capture_set["capture_aux_hidden_states"]
+    assert capture_set["layers_to_capture"] == capture_set["captured"] == ours["hidden"].meta["layer_ids"]
+    assert capture_set["captured"] == verdict(judged, "ours")["capture"]["captured"]
+
+
 def test_sglang_captures_the_catalogue_drafts_trained_layers(judged):
     capture = verdict(judged, "catalogue-healthy")["capture"]
     assert capture["layers_to_capture"] == capture["captured"] == CATALOGUE_LAYER_IDS
@@ -328,6 +365,43 @@ def test_eagle_config_ids_off_by_one_capture_other_layers(judged):
 @pytest.mark.parametrize("name,row", BROKEN.items())
 def test_doctor_names_the_row_of_every_variant_sglang_mishandles(catalogue, name, row):
     rows = doctor_rows(catalogue["broken"][name], catalogue["target"])
+    assert rows[row] == "fail", rows
+
+
+# --- F5 and F7: config.json fields SGLang reads otherwise --------------------------------------------------
+
+def test_a_short_draft_context_is_what_sglang_serves_the_draft_with(judged, catalogue):
+    healthy = verdict(judged, "catalogue-healthy")
+    assert json.loads((catalogue["target"] / "config.json").read_text())["max_position_embeddings"] == TARGET_CONTEXT
+    assert healthy["context_len"] == TARGET_CONTEXT
+    v = verdict(judged, "f5-short-context")
+    assert v["context_len"] == 16 and v["load_errors"] == [] and v["unloaded"] == []     # loads without a word
+
+
+def test_a_short_draft_context_stops_sglang_under_our_launch_command(judged):
+    v = judged["cases"]["f5-short-context-under-our-command"]
+    assert "draft_config" in v["errors"], v["errors"]                 # the server does not start
+    assert f"({TARGET_CONTEXT})" in v["errors"]["draft_config"] and "(16)" in v["errors"]["draft_config"]
+
+
+def test_a_null_draft_vocab_size_makes_sglang_load_the_targets_head(judged):
+    v = verdict(judged, "f7-null-draft-vocab-size")
+    assert v["model_class"] == "LlamaForCausalLMEagle3" and v["load_lm_head_from_target"] is True
+    assert v["parameters"]["lm_head.weight"][0] >= CATALOGUE_V        # sized for the target's vocab
+    assert [e["key"] for e in v["load_errors"]] == ["lm_head.weight"]       # the draft's own head refused
+
+
+def test_the_target_architecture_is_built_as_the_target_and_the_draft_dropped(judged):
+    v = verdict(judged, "f7-target-architecture")
+    assert v["model_class"] == "LlamaForCausalLM"                         # SGLang's ModelRegistry picked it
+    assert "model.fc.weight" not in v["parameters"]
+    assert "midlayer.self_attn.q_proj.weight" in v["ignored_keys"] and "fc.weight" in v["ignored_keys"]
+    assert "model.layers.0.self_attn.qkv_proj.weight" in v["unloaded"]
+
+
+@pytest.mark.parametrize("name,row", CONFIG_BROKEN.items())
+def test_doctor_names_the_row_of_every_config_sglang_misreads(catalogue, name, row):
+    rows = doctor_rows(catalogue["config_broken"][name], catalogue["target"])
     assert rows[row] == "fail", rows
 
 

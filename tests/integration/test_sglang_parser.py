@@ -28,6 +28,7 @@ import torch
 
 from steps import export, train
 from steps.lib.config import PipelineConfig, load_config, resolve_aux_layer_ids, resolve_max_position_embeddings
+from steps.lib.extraction import capture
 from steps.lib.serving import start as serving
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +102,9 @@ from sglang.srt.server_args import ServerArgs
 FIELDS = ["speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
           "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_draft_model_quantization",
           "quantization", "tp_size", "context_length", "host", "port", "enable_metrics", "trust_remote_code",
-          "cuda_graph_max_bs_decode", "cuda_graph_backend_decode", "cuda_graph_backend_prefill"]
+          "cuda_graph_max_bs_decode", "cuda_graph_backend_decode", "cuda_graph_backend_prefill",
+          "enable_return_aux_hidden_states", "return_aux_hidden_state_layer_ids", "enable_return_hidden_states",
+          "disable_radix_cache", "aux_hidden_state_capture"]
 request = json.load(sys.stdin)
 parser = argparse.ArgumentParser(prog="sglang.launch_server")
 ServerArgs.add_cli_args(parser)
@@ -118,7 +121,7 @@ for case in request["cases"]:
         verdict.update(parse="rejected", exit_code=exc.code, stderr=err.getvalue()[-2000:])
         continue
     args = ServerArgs.from_cli_args(ns)
-    verdict.update(parse="ok", parsed={f: getattr(args, f) for f in FIELDS})
+    verdict.update(parse="ok", parsed={f: getattr(args, f, None) for f in FIELDS})
     if case["resolve"]:
         try:
             args.resolve_once()
@@ -224,8 +227,22 @@ def verdict(served) -> dict[str, Any]:
         {"name": "eagle-with-eagle3-draft",
          "argv": replace_option(tiny, "--speculative-algorithm", "EAGLE") + CPU_ONLY_ARGS, "resolve": True},
     ]
+    # extraction's two servers of the tiny target, with the flags steps/lib/extraction/capture.py documents
+    target = ["--model-path", str(served["tiny"].target_dir)]
+    aux = capture.aux_server_args(extraction_layer_ids(served["tiny"]))
+    without_algorithm = [a for a in aux if a not in ("--speculative-algorithm", "EAGLE3")]
+    cases += [
+        {"name": "extract-aux", "argv": [*target, *aux, *CPU_ONLY_ARGS], "resolve": True},
+        {"name": "extract-final", "argv": [*target, *capture.FINAL_SERVER_ARGS, *CPU_ONLY_ARGS], "resolve": True},
+        {"name": "extract-aux-without-algorithm", "argv": [*target, *without_algorithm, *CPU_ONLY_ARGS],
+         "resolve": True},
+    ]
     prefixes = [shortest for _, shortest in serving.WATCHED_FLAGS.values()]
     return run_judge(cases, prefixes)
+
+
+def extraction_layer_ids(s: Served) -> list[int]:
+    return resolve_aux_layer_ids(s.cfg, s.cfg.target.tiny.num_hidden_layers)
 
 
 # --- the verdicts --------------------------------------------------------------------------------------------
@@ -304,6 +321,30 @@ def test_our_preflight_passes_what_sglang_accepts(served, name):
     s = served[name]
     findings = serving.preflight(s.draft_dir, s.cmd, target_config=target_config(name, s.cfg), env={})
     assert [str(f) for f in findings if f.status == "fail"] == []
+
+
+def test_sglang_resolves_extractions_aux_server_to_capture_without_a_draft(verdict, served):
+    v = verdict["cases"]["extract-aux"]
+    assert v["parse"] == "ok", v.get("stderr")
+    assert "resolve_error" not in v, v.get("resolve_error")
+    r = v["resolved"]
+    # EAGLE3 names the capture convention only: no speculative stack, SGLang's ids (internal − 1)
+    assert r["speculative_algorithm"] is None and r["aux_hidden_state_capture"] == "eagle3"
+    assert r["enable_return_aux_hidden_states"] and r["disable_radix_cache"]
+    assert r["return_aux_hidden_state_layer_ids"] == [i - 1 for i in extraction_layer_ids(served["tiny"])]
+
+
+def test_sglang_resolves_extractions_final_server_to_final_hidden_states(verdict):
+    v = verdict["cases"]["extract-final"]
+    assert "resolve_error" not in v, v.get("resolve_error")
+    r = v["resolved"]
+    assert r["enable_return_hidden_states"] and not r["enable_return_aux_hidden_states"]
+    assert r["disable_radix_cache"] and r["speculative_algorithm"] is None
+
+
+def test_sglang_refuses_aux_capture_without_the_algorithm_that_names_its_convention(verdict):
+    v = verdict["cases"]["extract-aux-without-algorithm"]
+    assert "--enable-return-aux-hidden-states needs --speculative-algorithm" in v["resolve_error"]
 
 
 def test_the_flag_prefixes_our_preflight_reads_are_unambiguous_in_sglang(verdict):

@@ -16,7 +16,7 @@ from steps import benchmark
 from steps.lib.config import BenchmarkConfig
 from steps.lib.data import prompts
 from steps.lib.serving import launch as launching
-from tests.builders import bigram_world, cli_record, free_port, record_of
+from tests.builders import bigram_world, cli_record, free_port, record_of, scripted_totals
 
 LAYER_IDS, K = [1, 2, 3], 3
 
@@ -80,6 +80,23 @@ def test_benchmark_json_has_speed_tau_latency_settings_servers_and_hardware(benc
     print(f"τ {m.metrics['tau']:.3f}  baseline {m.metrics['baseline_tokens_per_s']:.1f} tok/s  "
           f"spec {m.metrics['spec_tokens_per_s']:.1f} tok/s  speedup {m.metrics['speedup']:.2f}  "
           f"TTFT {m.metrics['spec_ttft_s'] * 1000:.0f} ms  ITL {m.metrics['spec_itl_s'] * 1000:.1f} ms")
+
+
+def test_live_tau_is_exactly_what_the_scripted_draft_gives(bench):
+    """Every batch size sends every pinned prompt: the summed counts are the script's, that many times."""
+    from transformers import AutoTokenizer
+
+    m, cfg = bench["manifest"], bench["cfg"]
+    report = json.loads(bench["store"].fetch_file("benchmark", m.id, "benchmark.json").read_text())
+    acc = report["results"]["0.0"]["speculative"]["acceptance"]
+    tok = AutoTokenizer.from_pretrained(bench["target_dir"])
+    prompts = [p["input_ids"] for p in benchmark.pinned_prompts(cfg, cfg.benchmark, tok)]
+    eos = None if cfg.benchmark.ignore_eos else tok.eos_token_id
+    accepted, steps = map(sum, zip(*scripted_totals(bench["target_dir"], prompts, K, cfg.benchmark.max_new_tokens,
+                                                    eos), strict=True))
+    runs = len(cfg.benchmark.batch_sizes)
+    assert (acc["accepted_drafts"], acc["verify_steps"]) == (runs * accepted, runs * steps)
+    assert m.metrics["tau"] == pytest.approx((accepted + steps) / steps, rel=1e-12)
 
 
 def test_report_markdown_and_png_are_written(bench):

@@ -21,16 +21,15 @@ from steps.lib.checks.finding import Finding
 from steps.lib.config import PipelineConfig, find_config, load_config, parse_config
 from steps.lib.serving import launch as launching
 from steps.lib.serving import start as serving
+from tests.builders import free_port, load_factor
 from tests.conftest import process_alive
 
 #: the fast stand-in for SGLang's start-up (a script; see its docstring)
 FAKE_SERVER = Path(__file__).resolve().parents[1] / "fake_sglang.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: a start-up deadline the stand-in's hang must outlast and its healthy start must meet (~0.1 s quiet)
+HANG_S = round(2 * load_factor())
 
 
 def draft_config(**overrides) -> dict:
@@ -313,8 +312,8 @@ def test_launch_kills_the_server_at_the_deadline(tmp_path, fake_server):
     port = free_port()
     cmd = [*fake_server, "--port", str(port), "--hang-with-cuda-graphs"]
     started = time.monotonic()
-    with pytest.raises(launching.ServerStartError, match="not healthy after 2 s"):
-        launching.launch(cmd, log_path=tmp_path / "s.log", health_url=health(port), timeout_s=2)
+    with pytest.raises(launching.ServerStartError, match=f"not healthy after {HANG_S} s"):
+        launching.launch(cmd, log_path=tmp_path / "s.log", health_url=health(port), timeout_s=HANG_S)
     assert time.monotonic() - started < 10
     assert launching.health_status(health(port)) is None, "the hung server must be killed at the deadline"
 
@@ -338,13 +337,13 @@ def test_a_cuda_graph_hang_is_retried_once_without_cuda_graphs_and_both_attempts
         return [*cmd, "--hang-with-cuda-graphs"]
 
     with launching.launch_with_fallback(command_for, log_dir=tmp_path / "logs", health_url=health(port),
-                                    timeout_s=2) as server:
+                                    timeout_s=HANG_S) as server:
         assert launching.health_status(health(port)) == 200
         attempts = server.attempts
     assert [a["cuda_graph"] for a in attempts] == [True, False]
-    assert attempts[0]["outcome"].startswith("failed:") and "not healthy after 2 s" in attempts[0]["outcome"]
+    assert attempts[0]["outcome"].startswith("failed:") and f"not healthy after {HANG_S} s" in attempts[0]["outcome"]
     assert attempts[1]["outcome"] == "healthy"
-    assert attempts[0]["seconds"] >= 2 and attempts[1]["seconds"] < 10
+    assert attempts[0]["seconds"] >= HANG_S and attempts[1]["seconds"] < 5 * HANG_S
     assert "--cuda-graph-max-bs-decode" in attempts[0]["command"]
     assert "--cuda-graph-backend-decode disabled" in attempts[1]["command"]
     assert launching.health_status(health(port)) is None
@@ -378,7 +377,7 @@ def test_cli_without_a_target_path_names_the_fix(tmp_path, capsys):
 def test_cli_finds_the_target_of_an_export_through_its_lineage(tmp_path, capsys):
     """`serve --draft <export>/sglang` (or the export id) on a config that names no model directory: the
     export's manifest in the store records its target, so no --target-path is needed; one still overrides."""
-    from tests.builders import bigram_world, free_port
+    from tests.builders import bigram_world
 
     world = bigram_world(tmp_path, free_port())
     store, export_id = world["store"], world["export_id"]
@@ -411,7 +410,7 @@ def test_a_server_start_error_survives_pickling_with_its_attempts():
 
 def test_the_printed_command_names_the_draft_and_target_by_absolute_path(tmp_path, capsys, monkeypatch):
     """Pasted into another shell (another working directory), the command still finds both directories."""
-    from tests.builders import bigram_world, free_port
+    from tests.builders import bigram_world
 
     world = bigram_world(tmp_path, free_port())
     monkeypatch.chdir(tmp_path)

@@ -176,19 +176,33 @@ class LocalBackend:
         return Pending(host, spans, landed, on_release=lambda: self._slots.put(slot))
 
 
+def aux_server_args(layer_ids: list[int]) -> list[str]:
+    """SGLang's flags for the aux-capture server of extraction (internal layer ids; SGLang's are one less).
+
+    `--speculative-algorithm EAGLE3` only names the capture convention here: with the aux flag SGLang
+    resets it and starts no speculative stack (tests/integration/test_sglang_parser.py runs SGLang's
+    parser and validation on exactly these flags).
+    """
+    return ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
+            "--return-aux-hidden-state-layer-ids", *map(str, layers.to_engine(list(layer_ids), "sglang")),
+            "--disable-radix-cache"]
+
+
+#: SGLang's flags for the final-hidden server of extraction (the state after the final norm).
+FINAL_SERVER_ARGS = ("--enable-return-hidden-states", "--disable-radix-cache")
+
+
 class SGLangBackend:
     """A client for SGLang 0.5.23 servers of the target (how a TP=8 target is extracted).
 
     Contract relied on (reference/sglang.md §2.2, §8 item 6), per server:
-    - aux server, launched with `--enable-return-aux-hidden-states --speculative-algorithm EAGLE3
-      --return-aux-hidden-state-layer-ids <layers.to_engine(layer_ids, "sglang")>
-      --disable-radix-cache`. `POST /generate {"input_ids": [[...], ...], "sampling_params":
-      {"max_new_tokens": 1, "temperature": 0}, "return_hidden_states": true}` answers one object
+    - aux server, launched with `aux_server_args(layer_ids)`. `POST /generate {"input_ids": [[...], ...],
+      "sampling_params": {"max_new_tokens": 1, "temperature": 0}, "return_hidden_states": true}` answers one object
       per sequence whose `meta_info.hidden_states` is a list with one entry per forward pass: entry
       0 is the prefill, `[L, A*H]` = the aux states concatenated in ascending layer order. With
       max_new_tokens=1 the generated token is never forwarded, so there is exactly that entry.
       SGLang's ids name "output of layer k" and it captures k+1: ids = internal − 1 (F4).
-    - final server, launched with `--enable-return-hidden-states` (no aux capture): the same
+    - final server, launched with `FINAL_SERVER_ARGS` (no aux capture): the same
       request answers `[L, H]`, the hidden state SGLang hands its logits processor, i.e. after the
       final norm = HF `hidden_states[-1]`.
     The aux response does NOT carry the final hidden state, and the final one cannot be captured
@@ -202,9 +216,9 @@ class SGLangBackend:
                  timeout_s: float = 600.0):
         if not final_url:
             raise ValueError("extract.backend=sglang needs two servers: extract.server_url (launched with "
-                             "--enable-return-aux-hidden-states) and a final-hidden server (launched with "
-                             "--enable-return-hidden-states), because SGLang's aux response does not carry "
-                             "the final hidden state")
+                             f"{' '.join(aux_server_args(layer_ids))}) and extract.final_server_url (launched "
+                             f"with {' '.join(FINAL_SERVER_ARGS)}), because SGLang's aux response does not "
+                             "carry the final hidden state")
         self.aux_url, self.final_url = aux_url.rstrip("/"), final_url.rstrip("/")
         self.layer_ids, self.hidden_size, self.timeout_s = list(layer_ids), hidden_size, timeout_s
         self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang")
@@ -221,8 +235,7 @@ class SGLangBackend:
             raise ValueError(
                 f"SGLang server {self.aux_url} captures internal layers {captured} "
                 f"(--return-aux-hidden-state-layer-ids={ids}), but extract records {self.layer_ids}; "
-                f"relaunch it with --return-aux-hidden-state-layer-ids "
-                f"{' '.join(map(str, self.sglang_layer_ids))} (SGLang ids = internal − 1)")
+                f"relaunch it with {' '.join(aux_server_args(self.layer_ids))} (SGLang ids = internal − 1)")
 
     def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         aux = self._prefill_hidden(self.aux_url, batch_input_ids, len(self.layer_ids) * self.hidden_size)
