@@ -45,6 +45,7 @@ from steps.lib.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
 from steps.lib.data.shards import bytes_per_token, check_storage_dtype, shard_bytes_bound, write_encoded
 from steps.lib.extraction.capture import CaptureBackend, make_backend
 from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
+from steps.lib.layer_ids import target_architecture
 from steps.lib.runtime import distributed
 from steps.lib.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
 from steps.registry import step_main
@@ -328,7 +329,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
         return store.manifest("hidden", art_id)
     world = distributed.setup()
     tcfg = target_config(store, target_id)
-    layer_ids = resolve_aux_layer_ids(cfg, tcfg["num_hidden_layers"])
+    layer_ids = resolve_aux_layer_ids(cfg, tcfg["num_hidden_layers"], target_architecture(tcfg))
     sequences = read_sequences(store, dataset_id, ex.max_length)
     fmt = ShardFormat(tuple(layer_ids), tcfg["hidden_size"], ex.storage_dtype)
     share = DiskShare(ex.disk_budget_bytes, world.size)
