@@ -134,9 +134,12 @@ def load_target(store: Store, target_id: str, *, device: str = "cpu",
     import torch
     from transformers import AutoModelForCausalLM
 
+    from steps.lib.model.checkpoint_keys import key_mapping
+
     m = store.manifest("target", target_id)
-    model = AutoModelForCausalLM.from_pretrained(target_dir(store, target_id), dtype=dtype or torch.float32,
-                                                 use_safetensors=True,
+    path = target_dir(store, target_id)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32, use_safetensors=True,
+                                                 key_mapping=key_mapping(path),   # `language_model.` (K2.5)
                                                  trust_remote_code=bool(m.meta.get("trust_remote_code")))
     return model.to(device).eval(), load_tokenizer(store, target_id)
 

@@ -192,9 +192,11 @@ def offline_tau(ck: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], n
     """τ of this draft with the reference engine, loaded with SGLang's rules, capturing the trained layers."""
     from transformers import AutoModelForCausalLM
 
+    from steps.lib.model.checkpoint_keys import key_mapping
     from steps.lib.model.reference_engine import Engine
 
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, use_safetensors=True).eval()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, use_safetensors=True,
+                                                  key_mapping=key_mapping(target_dir)).eval()
     tmp = Path(tempfile.mkdtemp(prefix="doctor-"))
     try:
         sglang_dir = ck.path if ck.layout == "sglang" else convert(

@@ -24,8 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 with contextlib.redirect_stdout(sys.stderr):
-    import sglang_judge  # noqa: F401,E402  (stand-ins for sgl_kernel / torchvision, SGLang's CPU mode)
-    import sglang  # noqa: E402
+    import sglang_judge  # noqa: E402  (first: stand-ins for sgl_kernel / torchvision, SGLang's CPU mode)
+
+sglang = sglang_judge.sglang
 
 #: architecture → (sglang.srt.models module, class); the wrapper's inner model where it delegates.
 CLASSES = {
@@ -46,8 +47,8 @@ def model_class(arch: str) -> type:
 
 def stand_in(arch: str, num_layers: int) -> tuple[types.SimpleNamespace, types.SimpleNamespace]:
     """(self for arch's method, the namespace whose `model.layers_to_capture` the rule sets)."""
-    me = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True),
-                               config=types.SimpleNamespace(num_hidden_layers=num_layers), model=types.SimpleNamespace())
+    me = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True), model=types.SimpleNamespace(),
+                               config=types.SimpleNamespace(num_hidden_layers=num_layers))
     if arch not in INNER:
         return me, me
     inner, _ = stand_in(INNER[arch], num_layers)

@@ -54,20 +54,20 @@ def test_the_judge_is_sglang_0_5_23(judge):
 
 
 def test_from_engine_reads_every_config_as_sglangs_model_class_does(judge):
-    for case, got in zip(judge["cases"], judge["captured"]):
+    for case, got in zip(judge["cases"], judge["captured"], strict=True):
         assert from_engine(case["ids"], "sglang", case["arch"]) == got, case
 
 
 def test_what_export_writes_is_captured_as_the_trained_layers(judge):
     n = len(judge["cases"]) - len(judge["expressible"])
-    for (arch, internal), got in zip(judge["expressible"], judge["captured"][n:]):
+    for (arch, internal), got in zip(judge["expressible"], judge["captured"][n:], strict=True):
         assert got == internal, (arch, internal, to_engine(internal, "sglang", arch))
 
 
 def test_refused_ids_are_the_ones_no_config_reaches(judge):
     """Internal ids starting at 1 on a DeepSeek-family target: no eagle_config in WRITTEN gets SGLang to
     capture internal 1 first, and every other internal set is expressible."""
-    reached = {(c["arch"], got[0]) for c, got in zip(judge["cases"], judge["captured"]) if got}
+    reached = {(c["arch"], got[0]) for c, got in zip(judge["cases"], judge["captured"], strict=True) if got}
     refused = {(a, tuple(i)) for a in ARCHS for i in INTERNAL if not _expressible(i, a)}
     assert refused == {(a, tuple(i)) for a in ARCHS for i in INTERNAL if (a, i[0]) not in reached and i[0] == 1}
     assert refused and set(ENGINE_FAMILY_RULES["sglang"]) <= set(ARCHS)
