@@ -11,6 +11,7 @@ extraction then costs the GPU no more than the bare forward (docs/PERFORMANCE.md
 
 from __future__ import annotations
 
+import logging
 import queue
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -22,7 +23,10 @@ from steps.lib.artifacts import inference_device, load_target
 from steps.lib.config import PipelineConfig
 from steps.lib.data.shards import encode_states
 from steps.lib.http import get_json, post_json
+from steps.lib.runtime import distributed
 from steps.lib.store import Store
+
+log = logging.getLogger("eaglenest.extract")
 
 #: pinned host buffer sets per GPU backend: one being filled by the copies, one being read by the
 #: shard writer. A third would only let the forward run further ahead of a writer that is slower.
@@ -174,6 +178,59 @@ class LocalBackend:
             landed = torch.cuda.Event()
             landed.record(self._copy_stream)
         return Pending(host, spans, landed, on_release=lambda: self._slots.put(slot))
+
+
+class ShardedBackend(LocalBackend):
+    """`LocalBackend` on a target sharded over every rank of the process group by transformers'
+    tensor-parallel plan (`extract.backend: sharded`).
+
+    The sharded forward is collective: every rank must run it on the same batch at the same time.
+    Rank 0 (the one writer) broadcasts each batch before its forward; the other ranks `follow()`,
+    running the same forwards and dropping the states, until rank 0 `release()`s them. The hooks read
+    the residual stream and final norm output, which transformers' plan leaves replicated (the
+    row-wise layers all-reduce), so rank 0's states are the whole model's.
+    """
+
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int], world: distributed.World, *,
+                 pad_token_id: int = 0):
+        super().__init__(model, layer_ids, pad_token_id=pad_token_id)
+        self.world = world
+
+    def _forward(self, batch_input_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        distributed.broadcast_object(self.world, batch_input_ids)
+        return super()._forward(batch_input_ids)
+
+    @torch.inference_mode()
+    def follow(self) -> int:
+        """Ranks > 0: run rank 0's forwards until it releases us; the number of batches run."""
+        batches = 0
+        while (batch := distributed.broadcast_object(self.world, None)) is not None:
+            super()._forward(batch)
+            batches += 1
+        return batches
+
+    def release(self) -> None:
+        """Rank 0: no more batches (also after a failure, so that no rank waits for a forward forever)."""
+        distributed.broadcast_object(self.world, None)
+
+
+def load_sharded(store: Store, target_id: str, layer_ids: list[int], world: distributed.World) -> ShardedBackend:
+    """Every rank together: the target split by transformers' tensor-parallel plan, as a ShardedBackend."""
+    device = world.device
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, tokenizer = load_target(store, target_id, device=str(device), dtype=dtype, tp_plan="auto")
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    split = sum(p.numel() for p in params if isinstance(p, DTensor) or isinstance(p.data, DTensor))
+    total = sum(p.numel() for p in params)
+    if not split:
+        raise ValueError(f"extract.backend=sharded: transformers has no tensor-parallel plan for "
+                         f"{type(model).__name__} (nothing was split over the {world.size} ranks); use "
+                         "extract.backend=local on a device that holds it, or sglang")
+    log.info("extract: target split over %d ranks by transformers' tensor-parallel plan: %d of %d parameters "
+             "in DTensor shards", world.size, split, total)
+    return ShardedBackend(model, layer_ids, world, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)
 
 
 class SGLangBackend:
