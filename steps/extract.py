@@ -43,7 +43,7 @@ from steps.lib.artifacts import read_conversations, target_config
 from steps.lib.checks.disk import check_disk_budget
 from steps.lib.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
 from steps.lib.data.shards import bytes_per_token, check_storage_dtype, shard_bytes_bound, write_encoded
-from steps.lib.extraction.capture import CaptureBackend, ShardedBackend, load_sharded, make_backend
+from steps.lib.extraction.capture import CaptureBackend, SGLangBackend, ShardedBackend, load_sharded, make_backend
 from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
 from steps.lib.layer_ids import target_architecture
 from steps.lib.runtime import distributed
@@ -308,6 +308,8 @@ def extract_range(writer: ArtifactWriter, mine: list[ShardPlan], sequences: list
     with distributed.progress_bar(world, total=total, initial=done_tokens, desc="extract", unit="tok") as bar:
         if mine:
             backend = backend or make_backend(cfg, store, target_id, list(fmt.layer_ids), tcfg, world.device)
+            if isinstance(backend, SGLangBackend):        # the ETA from the first batch, before hours go in
+                backend.expect(total - done_tokens)
             stats.update(run_rounds(writer, backend, plan_rounds(mine, share), sequences, scratch,
                                     batch_size=cfg.extract.batch_size, fmt=fmt, share=share, bar=bar))
     # F8: what the plan promised, measured; a rank that overran its share must not publish the artifact.

@@ -6,7 +6,7 @@ budget, the hours per step at the rates measured in docs/PERFORMANCE.md (each fi
 source; a backend with no measurement here says so and is bounded by its write path), and the
 object-store bytes. Refuses, one line and exit 2, a config whose disk budget cannot hold one shard
 or whose capture backend cannot hold the target. Reads nothing but the config (and a target's
-config.json when the config declares no shape); imports no torch.
+config.json when the config declares no shape).
 
     eaglenest plan --config configs/moe-7168.yaml [--prompts N] [--json]
 """
@@ -23,6 +23,7 @@ from typing import Any
 from steps.lib.config import ConfigError, PipelineConfig, load_config
 from steps.lib.data.shards import bytes_per_token, shard_bytes_bound
 from steps.lib.errors import InputError
+from steps.lib.extraction.capture import ABSURD_EXTRACT_HOURS
 
 STORAGE_DTYPES = ("bfloat16", "float8_e4m3fn")
 #: shapes of the built-in targets (hidden_size, num_hidden_layers).
@@ -39,8 +40,6 @@ RATES: dict[str, tuple[float, str]] = {
     "extract_sglang": (40, "issue 24: SGLang 0.5.23 hidden states through JSON, 20-40 tok/s end to end "
                            "(the upper figure; CPU-timed stages)"),
 }
-#: an extraction planned longer than this is refused, naming the faster backend.
-ABSURD_EXTRACT_HOURS = 24 * 7
 #: one shard writer's rate on the H200 machine (issue 24): bounds any backend's write path.
 WRITER_BYTES_PER_S = 1.0e9
 

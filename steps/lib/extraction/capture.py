@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -27,6 +28,9 @@ from steps.lib.runtime import distributed
 from steps.lib.store import Store
 
 log = logging.getLogger("eaglenest.extract")
+
+#: an extraction planned or measured longer than this is refused, naming the faster backend.
+ABSURD_EXTRACT_HOURS = 24 * 7
 
 #: pinned host buffer sets per GPU backend: one being filled by the copies, one being read by the
 #: shard writer. A third would only let the forward run further ahead of a writer that is slower.
@@ -233,6 +237,28 @@ def load_sharded(store: Store, target_id: str, layer_ids: list[int], world: dist
     return ShardedBackend(model, layer_ids, world, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)
 
 
+def find_field(info: Any, name: str) -> Any:
+    """`name` in a server_info answer, at the top level or in a nested section (its layout moves between
+    SGLang versions); None when absent."""
+    if isinstance(info, dict):
+        if name in info:
+            return info[name]
+        for value in info.values():
+            if (found := find_field(value, name)) is not None:
+                return found
+    return None
+
+
+def check_chunked_prefill_off(info: dict[str, Any], url: str) -> None:
+    """SGLang stores no hidden rows for the middle chunks of a chunked prefill (the H200 default chunk is 8192
+    tokens): every longer sequence would come back short. Refused unless the server says it is off (-1)."""
+    size = find_field(info, "chunked_prefill_size")
+    if size is None or int(size) > 0:
+        raise ValueError(f"SGLang server {url}: chunked prefill is "
+                         f"{'not reported off' if size is None else f'on (chunked_prefill_size={size})'}, and its "
+                         "middle chunks return no hidden states; relaunch it with --chunked-prefill-size -1")
+
+
 class SGLangBackend:
     """A client for SGLang 0.5.23 servers of the target (how a TP=8 target is extracted).
 
@@ -265,9 +291,20 @@ class SGLangBackend:
         self.aux_url, self.final_url = aux_url.rstrip("/"), final_url.rstrip("/")
         self.layer_ids, self.hidden_size, self.timeout_s = list(layer_ids), hidden_size, timeout_s
         self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang")
+        #: tokens the job will send (set by `expect`): the first batch's rate gives its ETA.
+        self.total_tokens: int | None = None
+        log.info("extract: the sglang backend needs two servers of the target at once (aux %s, final %s), each "
+                 "holding all of its weights: twice the target's memory", self.aux_url, self.final_url)
+
+    def expect(self, total_tokens: int) -> None:
+        """The tokens this job will send: after the first batch the ETA is printed, and an absurd one refused."""
+        self.total_tokens = total_tokens
 
     def check_server(self, num_hidden_layers: int) -> None:
-        """Refuse an aux server that captures other layers than the ones recorded (F4)."""
+        """Refuse a server with chunked prefill on, and an aux server that captures other layers than the ones
+        recorded (F4)."""
+        for url in (self.aux_url, self.final_url):
+            check_chunked_prefill_off(self._get(f"{url}/server_info"), url)
         info = self._get(f"{self.aux_url}/server_info")
         ids = info.get("return_aux_hidden_state_layer_ids")
         if ids is None:  # the server captures the model's EAGLE-3 defaults
@@ -282,9 +319,21 @@ class SGLangBackend:
                 f"{' '.join(map(str, self.sglang_layer_ids))} (SGLang ids = internal − 1)")
 
     def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        start = time.perf_counter()
         aux = self._prefill_hidden(self.aux_url, batch_input_ids, len(self.layer_ids) * self.hidden_size)
         final = self._prefill_hidden(self.final_url, batch_input_ids, self.hidden_size)
+        if self.total_tokens is not None:
+            self._check_eta(sum(map(len, batch_input_ids)) / max(time.perf_counter() - start, 1e-9))
         return list(zip(aux, final, strict=True))
+
+    def _check_eta(self, tok_per_s: float) -> None:
+        """Once, after the first batch: the whole job's ETA at this rate; refused when absurd."""
+        hours, self.total_tokens = self.total_tokens / tok_per_s / 3600, None
+        log.info("extract: sglang backend at %.0f tok/s on the first batch: ETA %.1f h", tok_per_s, hours)
+        if hours > ABSURD_EXTRACT_HOURS:
+            raise ValueError(f"extract.backend=sglang: {tok_per_s:.0f} tok/s on the first batch (hidden states "
+                             f"through JSON) puts the job at {hours:,.0f} h; use extract.backend=sharded (the "
+                             "target in-process over torchrun's ranks, states binary to the shard writer)")
 
     def capture_async(self, batch_input_ids: list[list[int]], storage_dtype: str) -> Pending:
         rows = self.capture(batch_input_ids)
