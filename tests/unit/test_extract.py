@@ -331,3 +331,11 @@ def test_sglang_backend_gives_the_same_shards_as_the_local_backend(world, tmp_pa
     finally:
         aux.server.shutdown()
         final.server.shutdown()
+
+
+def test_the_sglang_capture_server_is_told_ids_in_its_target_familys_convention():
+    """`--return-aux-hidden-state-layer-ids` reaches the target class's set_eagle3_layers_to_capture (SGLang
+    0.5.23 spec_aux_hidden_state.py): on a DeepSeek-V3 target, ids not starting at internal 2 go unshifted."""
+    def ids(arch):
+        return SGLangBackend("http://a", "http://b", [3, 4, 5], hidden_size=8, target_arch=arch).sglang_layer_ids
+    assert ids("DeepseekV3ForCausalLM") == [3, 4, 5] and ids("LlamaForCausalLM") == ids(None) == [2, 3, 4]

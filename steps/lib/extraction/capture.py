@@ -282,7 +282,7 @@ class SGLangBackend:
     """
 
     def __init__(self, aux_url: str, final_url: str | None, layer_ids: list[int], *, hidden_size: int,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, target_arch: str | None = None):
         if not final_url:
             raise ValueError("extract.backend=sglang needs two servers: extract.server_url (launched with "
                              "--enable-return-aux-hidden-states) and a final-hidden server (launched with "
@@ -290,7 +290,10 @@ class SGLangBackend:
                              "the final hidden state")
         self.aux_url, self.final_url = aux_url.rstrip("/"), final_url.rstrip("/")
         self.layer_ids, self.hidden_size, self.timeout_s = list(layer_ids), hidden_size, timeout_s
-        self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang")
+        # --return-aux-hidden-state-layer-ids goes through the target class's set_eagle3_layers_to_capture:
+        # its family's rule applies (DeepSeek: +1 only when the first id is 1)
+        self.target_arch = target_arch
+        self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang", target_arch)
         #: tokens the job will send (set by `expect`): the first batch's rate gives its ETA.
         self.total_tokens: int | None = None
         log.info("extract: the sglang backend needs two servers of the target at once (aux %s, final %s), each "
@@ -310,7 +313,7 @@ class SGLangBackend:
         if ids is None:  # the server captures the model's EAGLE-3 defaults
             captured = layers.default_aux_layer_ids(num_hidden_layers)
         else:
-            captured = layers.from_engine(list(ids), "sglang")
+            captured = layers.from_engine(list(ids), "sglang", self.target_arch)
         if captured != self.layer_ids:
             raise ValueError(
                 f"SGLang server {self.aux_url} captures internal layers {captured} "
@@ -376,7 +379,8 @@ def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: l
     """The SGLang client, or the target loaded on `device` (default: the first GPU, else the CPU)."""
     if cfg.extract.backend == "sglang":
         backend = SGLangBackend(str(cfg.extract.server_url), cfg.extract.final_server_url,
-                                layer_ids, hidden_size=tcfg["hidden_size"])
+                                layer_ids, hidden_size=tcfg["hidden_size"],
+                                target_arch=layers.target_architecture(tcfg))
         backend.check_server(tcfg["num_hidden_layers"])
         return backend
     # fp32 on CPU (bf16 is ~20x slower on an AVX2 CPU), bf16 on CUDA.
