@@ -124,6 +124,7 @@ STEPS: dict[str, Step] = {s.name: s for s in _ROWS}
 TOOLS: dict[str, str] = {
     "doctor": "diagnose any EAGLE-3 draft dir (and optionally a live server) against F1–F9",
     "convert": "convert a draft between the SGLang/official and speculators layouts",
+    "plan": "before any GPU hour: tokens, bytes, disk rounds, hours per step, object-store bytes of a config",
 }
 
 

@@ -53,6 +53,7 @@ from steps.lib.artifacts import DRAFT_CONFIG_FILE, DRAFT_MODEL_FILE, load_vocab,
 from steps.lib.checks.vocab import validate_vocab
 from steps.lib.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
 from steps.lib.data.shards import save_sorted
+from steps.lib.model.checkpoint_keys import text_prefix
 from steps.lib.model.draft import DraftConfig, Eagle3Draft
 from steps.lib.runtime import distributed
 from steps.lib.store import Manifest, Store, artifact_id
@@ -75,6 +76,8 @@ def read_target_head(tdir: Path, tcfg: dict[str, Any]) -> dict[str, Tensor]:
     index = tdir / "model.safetensors.index.json"
     files = ({n: tdir / f for n, f in json.loads(index.read_text())["weight_map"].items()} if index.is_file()
              else dict.fromkeys(_safetensors_keys(tdir / "model.safetensors"), tdir / "model.safetensors"))
+    prefix = text_prefix(list(files))                  # `language_model.` (Kimi-K2.5): names without it
+    files = {n.removeprefix(prefix): (path, n) for n, path in files.items()}
     tied = bool(tcfg.get("tie_word_embeddings", False))
     out: dict[str, Tensor] = {}
     for name, want in (("embed_tokens.weight", "model.embed_tokens.weight"), ("lm_head.weight", "lm_head.weight")):
@@ -84,12 +87,15 @@ def read_target_head(tdir: Path, tcfg: dict[str, Any]) -> dict[str, Tensor]:
                 continue
             raise KeyError(f"{tdir}: no tensor {want!r} in the target's safetensors "
                            f"(tie_word_embeddings={tied}); is this a Llama-style HF checkpoint?")
-        with safe_open(str(files[want]), framework="pt") as f:
-            out[name] = f.get_tensor(want).float()
+        out[name] = _read_tensor(*files[want])
     if "model.norm.weight" in files:
-        with safe_open(str(files["model.norm.weight"]), framework="pt") as f:
-            out["norm.weight"] = f.get_tensor("model.norm.weight").float()
+        out["norm.weight"] = _read_tensor(*files["model.norm.weight"])
     return out
+
+
+def _read_tensor(path: Path, key: str) -> Tensor:
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(key).float()
 
 
 def _safetensors_keys(path: Path) -> list[str]:

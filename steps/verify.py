@@ -26,6 +26,7 @@ from steps.lib.config import PipelineConfig, config_dict
 from steps.lib.data.prompts import held_out_prompts, in_distribution_prompts
 from steps.lib.formats.sglang import sglang_layer_ids
 from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.layer_ids import target_architecture
 from steps.lib.metrics import AcceptStats
 from steps.lib.model.reference_engine import Engine
 from steps.lib.store import Manifest, Store, artifact_id
@@ -88,8 +89,8 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
     sglang_dir = export_dir(store, export_id, "sglang")       # a vLLM-only export: refused before any loading
     target, tokenizer = load_target(store, target_id, device=inference_device())
     draft, load_report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
-    engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir),
-                    num_steps=cfg.serve.num_steps)
+    served = sglang_layer_ids(sglang_dir, target_architecture(target.config.to_dict()))   # F4, as SGLang shifts
+    engine = Engine(target, tokenizer, draft, layer_ids=served, num_steps=cfg.serve.num_steps)
     total, rows = measure(engine, held_out_prompts(cfg, tokenizer), cfg.verify.max_new_tokens,
                           tokenizer.eos_token_id)
     metrics = summarize(total, rows)

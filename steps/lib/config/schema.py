@@ -162,8 +162,10 @@ class DatagenConfig(Section):
 
 class ExtractConfig(Section):
     #: `local`: in-process forward with hooks; `sglang`: a server started with
-    #: --enable-return-aux-hidden-states (how a TP=8 target is extracted).
-    backend: Literal["local", "sglang"] = "local"
+    #: --enable-return-aux-hidden-states; `sharded`: in-process like `local`, the target split over every
+    #: torchrun rank by transformers' tensor-parallel plan (`tp_plan="auto"`), one forward for aux and
+    #: final states, rank 0 the one writer (a target that does not fit one device).
+    backend: Literal["local", "sglang", "sharded"] = "local"
     #: an SGLang server started with --enable-return-aux-hidden-states (aux rows per token).
     server_url: str | None = None
     #: an SGLang server started with --enable-return-hidden-states (post-norm final rows): SGLang's
