@@ -14,6 +14,7 @@ import importlib
 import json
 import sys
 
+from steps.lib.runtime.processes import install_reaper
 from steps.registry import STEPS, TOOLS, step_main, version
 
 #: the commands that need Prefect: command → (module with a `main(argv) -> int`, one-line help)
@@ -77,6 +78,7 @@ def store_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    install_reaper()    # SIGTERM/SIGINT stop every server and step process this command starts
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
