@@ -12,9 +12,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import traceback
+from pathlib import Path
 
 from steps.lib.runtime.processes import install_reaper
+from steps.lib.runtime.redaction import redact_text
 from steps.registry import STEPS, TOOLS, step_main, version
 
 #: the commands that need Prefect: command → (module with a `main(argv) -> int`, one-line help)
@@ -78,6 +82,25 @@ def store_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except Exception as err:  # noqa: BLE001 — the last line of defence: one line, never a traceback
+        if "--debug" in argv or os.environ.get("EAGLENEST_DEBUG"):
+            raise
+        print(f"eaglenest {argv[0] if argv else ''}: {unexpected_error_line(err)}", file=sys.stderr)
+        return 2
+
+
+def unexpected_error_line(err: BaseException) -> str:
+    """One line for an error no layer turned into a message: what, where it was raised, how to see more."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    text = redact_text(" ".join(str(err).split()))[:500]
+    return (f"{type(err).__name__}: {text}{where}; an input eaglenest does not check yet, or a bug: check the "
+            "file named above, re-run with EAGLENEST_DEBUG=1 for the traceback and report it")
+
+
+def _dispatch(argv: list[str]) -> int:
     install_reaper()    # SIGTERM/SIGINT stop every server and step process this command starts
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
