@@ -56,6 +56,19 @@ class TestFileStore(StoreContract):
         assert d == Path(store.uri.removeprefix("file://")) / "artifacts/draft/f000000000000003"
         assert not (store.cache_dir / "draft").exists()
 
+    def test_a_sha_mismatch_on_read_quarantines_so_the_step_rebuilds(self, store: Store):
+        """Same size, other bytes: the reuse check (sizes) passes, so only the reader can break the loop."""
+        w = store.begin("draft", "f000000000000005", step="train")
+        w.path("m").write_bytes(b"good")
+        w.upload("m")
+        w.commit()
+        Path(store.uri.removeprefix("file://"), "artifacts/draft/f000000000000005/m").write_bytes(b"evil")
+        assert store.exists("draft", "f000000000000005")
+        with pytest.raises(ArtifactError, match="sha256 does not match.*quarantined.*rebuilds it"):
+            store.fetch_file("draft", "f000000000000005", "m")
+        assert not store.exists("draft", "f000000000000005")
+        assert store.begin("draft", "f000000000000005", step="train").reused is None     # rebuilt, not reused
+
     def test_temp_and_hidden_files_in_staging_are_not_artifact_files(self, store: Store):
         w = store.begin("draft", "f000000000000004", step="train")
         w.path("m").write_bytes(b"1")

@@ -80,7 +80,7 @@ class Store:
         key = f"{self.key(kind, art_id)}/{rel}"
         local = self.backend.local_path(key)
         if local is not None:
-            self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
+            self._check_or_quarantine(kind, art_id, local, rec, rel, verify)
             return local
         local = self.cache_dir / kind / art_id / rel
         cached = local.is_file() and local.stat().st_size == rec["size"]
@@ -95,8 +95,19 @@ class Store:
         except FileNotFoundError:
             raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{rel}: listed in the manifest but "
                                 "missing from the store (deleted or never uploaded; re-run the step)") from None
-        self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
+        self._check_or_quarantine(kind, art_id, local, rec, rel, verify)
         return local
+
+    def _check_or_quarantine(self, kind: str, art_id: str, local: Path, rec: dict[str, Any], rel: str,
+                             verify: bool) -> None:
+        """`_check_file` of the store's own bytes; a mismatch quarantines the artifact, so the step that
+        makes it rebuilds it instead of reusing it (its reuse check reads sizes only) and failing again."""
+        try:
+            self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
+        except ArtifactError as err:
+            where = self.quarantine(kind, art_id, str(err))
+            raise ArtifactError(f"{err}; quarantined it to {uri_of(self.uri, where)}: the next run of the step "
+                                "that makes it rebuilds it") from None
 
     @staticmethod
     def _check_file(local: Path, rec: dict[str, Any], where: str, verify: bool) -> None:
