@@ -45,7 +45,7 @@ def store_main(argv: list[str]) -> int:
     """`eaglenest store verify|gc`: 0 when every artifact checks out (or gc ran), 1 when one is corrupt, 2 for
     a usage error (one line)."""
     from steps.lib.runtime.redaction import redact_text
-    from steps.lib.store import ArtifactError, collect_garbage, open_store, store_uri_for, verify_all
+    from steps.lib.store import ArtifactError, collect_garbage, open_store, store_uri_for, verify_aliases, verify_all
     from steps.registry import add_common_args
 
     parser = argparse.ArgumentParser(prog="eaglenest store", description=STORE_HELP)
@@ -65,11 +65,15 @@ def store_main(argv: list[str]) -> int:
         store = open_store(store_uri_for(args.store, load_config(find_config(args.config), args.overrides).store))
         if args.action == "verify":
             records = verify_all(store, args.kind, args.id)
-            print(json.dumps(records, indent=2) if args.json else "\n".join(
-                f"{'ok     ' if r['ok'] else 'CORRUPT'} {r['kind']}/{r['id']}"
-                + (f"  {r['files']} files, {r['bytes']} bytes" if r["ok"] else f"  {r['error']}") for r in records)
+            # aliases too (all of them when nothing narrower was asked): a missing or corrupt target named
+            aliases = verify_aliases(store) if args.kind is None and args.id is None else []
+            print(json.dumps(records + aliases, indent=2) if args.json else "\n".join(
+                [f"{'ok     ' if r['ok'] else 'CORRUPT'} {r['kind']}/{r['id']}"
+                 + (f"  {r['files']} files, {r['bytes']} bytes" if r["ok"] else f"  {r['error']}") for r in records]
+                + [f"{'ok     ' if a['ok'] else 'CORRUPT'} alias {a['alias']}"
+                   + (f" -> {a['kind']}/{a['id']}" if a["ok"] else f"  {a['error']}") for a in aliases])
                 or f"no artifacts in {store.uri}")
-            return 0 if all(r["ok"] for r in records) else 1
+            return 0 if all(r["ok"] for r in records + aliases) else 1
         out = collect_garbage(store, dry_run=args.dry_run)
         print(json.dumps(out, indent=2) if args.json else "\n".join(
             [f"{'would remove' if args.dry_run else 'removed'} {r['key']} ({r['why']})" for r in out["removed"]]

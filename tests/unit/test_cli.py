@@ -284,6 +284,27 @@ def test_eaglenest_store_verify_and_gc_as_a_process(world):
     assert store.backend.list("staging/") == []
 
 
+def test_store_verify_checks_aliases_naming_a_missing_target_or_a_corrupt_file(world, capsys):
+    """Issue 27: `store verify` exits 1 for an alias to nothing and for an unreadable alias file, naming each."""
+    from flows.cli import store_main
+
+    store = world["store"]
+    args = ["verify", "--config", world["config"], "--store", store.uri]
+    store.set_alias("previous", "target", T0)
+    store.backend.put_bytes("aliases/production.json", json.dumps({"kind": "export", "id": "ab" * 8}).encode())
+    try:
+        assert store_main(args) == 1
+        out = capsys.readouterr().out
+        assert f"ok      alias previous -> target/{T0}" in out
+        assert f"CORRUPT alias production  {store.uri}/aliases/production.json points at export/{'ab' * 8}" in out
+        store.backend.put_bytes("aliases/production.json", b"{torn")
+        assert store_main(args) == 1
+        assert "aliases/production.json: not valid JSON" in capsys.readouterr().out
+    finally:
+        store.restore_alias("production", None)
+        store.restore_alias("previous", None)
+
+
 def test_python_dash_m_runs_the_step_file_once(tmp_path):
     """`python -m steps.<step>` executes its file as `__main__`; the CLI uses that module instead of
     importing `steps.<step>` a second time (two copies: the file run twice, its classes two identities)."""

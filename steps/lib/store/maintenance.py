@@ -44,6 +44,26 @@ def artifact_refs(store: Store, kind: str | None = None, art_id: str | None = No
     return refs
 
 
+def verify_aliases(store: Store) -> list[dict[str, Any]]:
+    """`{"alias", "kind", "id", "ok", "error"}` per alias: readable, and its target committed with every
+    sha256 matching (a missing or corrupt target is named)."""
+    out = []
+    for key in sorted(store.backend.list("aliases/")):
+        name = key.removeprefix("aliases/").removesuffix(".json")
+        if "/" in name or not key.endswith(".json"):
+            continue
+        rec, error = None, store.alias_problem(name)
+        if error is None:
+            rec = store.get_alias(name) or {}
+            try:
+                store.verify(rec["kind"], rec["id"])
+            except ArtifactError as err:
+                error = f"alias {name!r} -> {rec['kind']}/{rec['id']}: {err}"
+        out.append({"alias": name, "kind": (rec or {}).get("kind"), "id": (rec or {}).get("id"),
+                    "ok": error is None, "error": error})
+    return out
+
+
 def verify_all(store: Store, kind: str | None = None, art_id: str | None = None) -> list[dict[str, Any]]:
     """`{"kind", "id", "ok", "files", "bytes", "error"}` per artifact, each file's sha256 checked."""
     out = []
@@ -116,4 +136,4 @@ def collect_garbage(store: Store, *, dry_run: bool = False) -> dict[str, Any]:
     return {"removed": removed, "kept": kept, "bytes": sum(r["bytes"] for r in removed), "dry_run": dry_run}
 
 
-__all__ = ["artifact_refs", "collect_garbage", "verify_all"]
+__all__ = ["artifact_refs", "collect_garbage", "verify_aliases", "verify_all"]

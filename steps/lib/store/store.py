@@ -225,8 +225,31 @@ class Store:
         return rec
 
     def get_alias(self, name: str) -> dict[str, Any] | None:
+        """The alias record, None when there is none; a corrupt one is an ArtifactError naming its file."""
         raw = self.backend.get_bytes(alias_key(name))
-        return json.loads(raw) if raw else None
+        if not raw:
+            return None
+        where = uri_of(self.uri, alias_key(name))
+        try:
+            rec = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ArtifactError(f"{where}: not valid JSON ({err}); delete it and promote an export again") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str) or not isinstance(rec.get("id"), str):
+            raise ArtifactError(f"{where}: not an alias record (needs \"kind\" and \"id\"); delete it and promote "
+                                "an export again")
+        return rec
+
+    def alias_problem(self, name: str) -> str | None:
+        """Why alias `name` cannot be trusted (corrupt, or its target missing or broken), None when it can or
+        does not exist. The target's manifest and sizes are checked (`exists`: a broken one is quarantined)."""
+        try:
+            rec = self.get_alias(name)
+        except ArtifactError as err:
+            return str(err)
+        if rec is None or self.exists(rec["kind"], rec["id"]):
+            return None
+        return (f"{uri_of(self.uri, alias_key(name))} points at {rec['kind']}/{rec['id']}, which is not in the store "
+                "(deleted, or quarantined as broken); promote an export again")
 
     def restore_alias(self, name: str, record: dict[str, Any] | None) -> None:
         """Put back an alias record exactly as `get_alias` returned it (None: the alias did not exist)."""
