@@ -449,7 +449,9 @@ class StoreContract:
             assert {r["key"] for r in out["removed"]} == {r["key"] for r in dry["removed"]} == {
                 "staging/hidden/9c00000000000001/a-lost/shard", "staging/hidden/9c00000000000002/a-old/shard",
                 f"staging/hidden/9c00000000000003/{LEASE}", "staging/hidden/9c00000000000003/a-dead/shard",
-                "staging/hidden/9c00000000000004/a-none/shard"}
+                "staging/hidden/9c00000000000004/a-none/shard"} | (
+                # the committed writer's lock file, hidden from listings, is debris too (a local store only)
+                {"staging/hidden/9c00000000000001/.lease.json.lock"} if store.backend.local_path("") else set())
             assert store.backend.list("staging/") == ["staging/hidden/9c00000000000002/a-live/shard",
                                                       f"staging/hidden/9c00000000000002/{LEASE}"]
             assert store.verify("hidden", "9c00000000000001").files[0]["size"] == 1

@@ -279,9 +279,10 @@ def test_eaglenest_store_verify_and_gc_as_a_process(world):
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "16 hex digits" in refused.stderr
     store.backend.put_bytes(f"staging/vocab/{'ab' * 8}/a-gone/x.bin", b"debris")
     gc = eaglenest("gc", "--json")
-    assert gc.returncode == 0 and [r["key"] for r in json.loads(gc.stdout)["removed"]] == \
-        [f"staging/vocab/{'ab' * 8}/a-gone/x.bin"]
-    assert store.backend.list("staging/") == []
+    removed = [r["key"] for r in json.loads(gc.stdout)["removed"]]
+    assert gc.returncode == 0 and [k for k in removed if "/." not in k] == [f"staging/vocab/{'ab' * 8}/a-gone/x.bin"]
+    assert all(k.endswith(".lease.json.lock") for k in removed if "/." in k)    # committed writers' lock files
+    assert store.backend.list("staging/") == [] and not any(store.local_path("staging").rglob("*"))
 
 
 def test_store_verify_checks_aliases_naming_a_missing_target_or_a_corrupt_file(world, capsys):
