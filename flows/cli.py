@@ -10,6 +10,7 @@ lives in flows/ because it dispatches to both layers: steps/ never names flows/ 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def unexpected_error_line(err: BaseException) -> str:
     """One line for an error no layer turned into a message: what, where it was raised, how to see more."""
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:     # a full disk: the file, its filesystem, knobs
+        from steps.lib.files import disk_full_line
+
+        return redact_text(disk_full_line(err))
     frames = traceback.extract_tb(err.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     text = redact_text(" ".join(str(err).split()))[:500]

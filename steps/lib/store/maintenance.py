@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -124,6 +125,21 @@ def _dot_debris(store: Store, base: str, live: bool) -> list[str]:
     return out
 
 
+def _set_dead_lease_aside(store: Store, key: str, raw: bytes, err: OSError) -> str | None:
+    """A full disk cannot take a new lease's bytes: on a local store, rename the dead lease aside instead
+    (compare-and-swap, no data written); a writer starting meanwhile finds no lease and starts afresh, never
+    resuming the files gc deletes. None (the group is kept, and logged) when that is not possible."""
+    aside = f"{key.rsplit('/', 1)[0]}/.{LEASE}.gc-{os.getpid()}"
+    if err.errno == errno.ENOSPC and hasattr(store.backend, "set_aside"):
+        try:
+            if store.backend.set_aside(key, raw, aside):
+                return aside
+        except OSError as again:
+            err = again
+    log.warning("store gc: kept %s: could not take its dead lease (%s)", key, err)
+    return None
+
+
 def collect_garbage(store: Store, *, dry_run: bool = False) -> dict[str, Any]:
     """Remove the staging nobody can use (see the module docstring); `{"removed": [{"key", "why", "bytes"}],
     "kept": [keys], "bytes", "dry_run"}`. `dry_run` only reports.
@@ -141,13 +157,13 @@ def collect_garbage(store: Store, *, dry_run: bool = False) -> dict[str, Any]:
         base = f"staging/{kind}/{art_id}"
         lease_key = f"{base}/{LEASE}"
         held: bytes | None = None          # the lease gc holds while it deletes a dead writer's attempt
+        aside = None                       # where a dead lease was renamed to, when there was no room to rewrite it
         if take and not dry_run:
             try:
                 held = _hold_dead_lease(store, lease_key, raw or b"")
-            except OSError as err:      # still no room for the lease: keep it all, say so
-                log.warning("store gc: kept %s: could not take its dead lease (%s)", base, err)
-                held = None
-            if held is None:            # a writer took it over just now (live again), or no room
+            except OSError as err:
+                aside = _set_dead_lease_aside(store, lease_key, raw or b"", err)
+            if held is None and aside is None:      # a writer took it over just now (live again), or no room
                 kept += keys
                 continue
         for key in keys:
@@ -162,6 +178,8 @@ def collect_garbage(store: Store, *, dry_run: bool = False) -> dict[str, Any]:
         if not dry_run:
             if held is not None:
                 store.backend.swap_bytes(lease_key, None, held)       # release: the lease goes last
+            elif aside is not None:
+                store.backend.delete(aside)
             elif keep is None and raw is not None:
                 store.backend.delete(lease_key)
     removed += [r for r in _remove_dot_debris(store, live, dry_run) if r["key"] in found]   # not gc's own locks
