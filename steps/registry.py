@@ -368,8 +368,10 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
     # steps log their progress (rounds, losses) with `logging`: to stderr, so stdout is only the result
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     from steps.lib.runtime import progress
+    from steps.lib.runtime.processes import install_reaper
     from steps.lib.runtime.redaction import install_log_redaction
 
+    install_reaper()          # a SIGTERM stops the servers this step starts, from whichever thread
     install_log_redaction()   # a server URL's user-info or token never reaches a log line
     progress.install_from_environment()
     try:

@@ -88,12 +88,8 @@ class Checkpoint:
 def read_checkpoint(path: str | Path, trained_layer_ids: list[int] | None = None) -> Checkpoint:
     """config.json + tensor shapes of a draft directory, its layout and the loader rules that apply."""
     path = Path(path)
-    for name in (formats.CONFIG_FILE, formats.WEIGHTS_FILE):
-        if not (path / name).is_file():
-            raise FileNotFoundError(f"{path / name}: missing; a draft directory holds config.json and "
-                                    "model.safetensors")
-    config = formats.read_json(path / formats.CONFIG_FILE)
-    tensors = tensor_meta(path / formats.WEIGHTS_FILE)
+    config = formats.read_config(path)
+    tensors = tensor_meta(formats.draft_file(path, formats.WEIGHTS_FILE))
     layout = detect_layout(config, list(tensors))
     return Checkpoint(path, layout, LAYOUT_ENGINE.get(layout, "sglang"), config, tensors,
                       trained_layer_ids or manifest_layer_ids(path))
