@@ -13,11 +13,12 @@ of prompts whose greedy answer equals the loop's token for token.
 
 Two stages, because the GPU machine has neither the package's dependencies nor the config system:
 
-    # here: render the prompts (token ids); the GGUF travels in two halves (64 MiB a call)
+    # here: render the prompts (token ids)
     python benchmarks/datagen_gpu.py render --config smollm2-135m-h200 -n 4096 --out .devdata/prompts.json
-    # on the GPU machine (the GGUF reassembled, the gguf wheel on the path):
-    python3 benchmarks/datagen_gpu.py measure --gguf /tmp/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --prompts .devdata/prompts.json --out $OUT/datagen-engine.jsonl
+    # on the GPU machine: SmolLM2-135M's shape with random weights (the default), or the real weights with
+    # --gguf (98 MB: more than one call carries, 64 MiB; reassemble it there and put the gguf wheel on the path)
+    python3 benchmarks/datagen_gpu.py smoke
+    python3 benchmarks/datagen_gpu.py measure --prompts .devdata/prompts.json --out $OUT/datagen-engine.jsonl
 """
 
 from __future__ import annotations
