@@ -119,11 +119,15 @@ def test_datagen_local_writes_masked_conversations(tiny, clean_run):
     assert (m.meta["decoder"], m.meta["dtype"]) == ("loop", "float32")
 
 
-def test_the_engine_decoder_gives_the_loops_dataset_on_the_cpu(tiny, clean_run):
+def test_the_engine_decoder_gives_the_loops_dataset_on_the_cpu(tiny, clean_run, monkeypatch):
     """`datagen.decoder=engine` at float32 (the CPU's dtype): the same greedy answers as the loop's dataset,
-    under its own id, the decoder named in the manifest."""
+    under its own id, the decoder named in the manifest (and the engine, counted, made them)."""
     store, tid, path, loop = clean_run
+    calls = []
+    real = D.decode_engine
+    monkeypatch.setattr(D, "decode_engine", lambda *a, **k: calls.append(k["slots"]) or real(*a, **k))
     m = D.run(cfg_for(path, "datagen.decoder=engine"), store, tid, chunk_prompts=CHUNK)
+    assert calls and set(calls) == {4}                    # datagen.batch_size slots (`cfg_for`)
     assert m.id != loop.id and (m.meta["decoder"], m.meta["dtype"]) == ("engine", "float32")
     rows = [r["messages"] for r in artifacts.read_conversations(store, m.id)]
     assert rows == [r["messages"] for r in artifacts.read_conversations(store, loop.id)]
