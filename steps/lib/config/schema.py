@@ -150,6 +150,10 @@ class DatagenConfig(Section):
     #: waiting retry_backoff_s, then twice as long each time (at most 30 s).
     retries: Natural = 5
     retry_backoff_s: NonNegative = 1.0
+    #: `local` backend's decoder: `loop` (steps/lib/model/decode.py, float32), `engine` (static KV cache, CUDA
+    #: graphs, `batch_size` slots refilled as rows finish; bfloat16 on a GPU, the served dtype), `auto`: the
+    #: engine on a GPU for a Llama-family target, else the loop. `auto` stays out of the dataset id.
+    decoder: Literal["auto", "loop", "engine"] = "auto"
 
     @model_validator(mode="after")
     def _url_for_openai(self) -> DatagenConfig:
