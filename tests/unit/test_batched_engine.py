@@ -23,7 +23,7 @@ def prompts(seed: int, lengths=(7, 3, 12, 5)) -> list[list[int]]:
 
 def engines(seed: int, *, bigram: bool, k: int) -> tuple[Engine, BatchedEngine]:
     target = tiny_llama(vocab_size=V, hidden_size=H, intermediate_size=256, seed=seed, tie_word_embeddings=False)
-    if bigram:    # the copying draft accepts one draft a round; its fc perturbed, rows accept 0 or 1 (e.g. [14, 13, 0, 0])
+    if bigram:    # the copying draft accepts one draft a round; fc perturbed, rows accept 0 or 1 ([14, 13, 0, 0])
         target = make_bigram(target)
         draft = copying_draft(target, seed=seed)
         noise = torch.randn(draft.fc.weight.shape, generator=torch.Generator().manual_seed(seed))
