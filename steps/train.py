@@ -59,7 +59,7 @@ from steps.lib.store import Manifest, Store, artifact_id
 from steps.lib.training.checkpoint import BEST_FILE, CKPT_PREFIX
 from steps.lib.training.evaluate import held_out, load_eval_set
 from steps.lib.training.loop import Setup, train_loop
-from steps.lib.training.plan import ShardReader, build_plan, shard_paths
+from steps.lib.training.plan import ShardReader, auto_epochs, build_plan, shard_paths
 from steps.registry import step_main
 
 #: train fields that change how the work is spread over GPUs, not what is learned: the same draft
@@ -135,7 +135,9 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
     lengths = {rel: reader.lengths(rel) for rel in shard_paths(hidden)}
     t = cfg.train
     held = held_out(lengths, t.eval_fraction, cfg.seed) if t.eval_every else {}
-    plan = build_plan(lengths, epochs=t.epochs, seed=cfg.seed, max_length=t.max_length,
+    trained = sum(n for rel, ns in lengths.items() for i, n in enumerate(ns) if i not in held.get(rel, set()))
+    epochs = auto_epochs(trained) if t.epochs == "auto" else t.epochs
+    plan = build_plan(lengths, epochs=epochs, seed=cfg.seed, max_length=t.max_length,
                       rows_per_batch=max(1, t.batch_tokens // t.max_length), exclude=held)
     eval_set = (load_eval_set(reader, lengths, held, max_length=t.max_length, max_tokens=t.eval_max_tokens)
                 if t.eval_every else None)

@@ -226,7 +226,8 @@ class TrainConfig(Section):
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.05
     weight_decay: NonNegative = 0.0
     grad_clip: Positive = 0.5
-    epochs: Positive = 1.0
+    #: passes over the data; `auto`: from the data's size (steps.lib.training.plan.auto_epochs).
+    epochs: Positive | Literal["auto"] = 1.0
     #: None: no cap beyond epochs; 0: the untrained control.
     max_steps: Natural | None = None
     #: tokens per optimizer step (sequences are packed up to max_length).
