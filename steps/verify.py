@@ -8,6 +8,9 @@ Held-out prompts: MT-bench first turns (`verify.categories`, `verify.num_prompts
 chat template, greedy, `verify.max_new_tokens`, chain of `serve.num_steps` drafts; and, when
 `dataset.held_out` > 0, the held-out split of the training sources (metrics `tau_in_distribution`,
 `per_position_acceptance_in_distribution`).
+`verify.turns: 2` adds the second turns after the target's own first answers; `verify.chain_lengths` measures
+several k (the served one is the headline, every one under `by_chain_length`); `verify.batch_size` decodes
+prompts together (`steps.lib.model.batched_engine`); each τ has a seeded 95% bootstrap `tau_interval`.
 Writes: a `verify` artifact with `report.json` (per prompt: tokens, accept histogram, timings) and
 metrics τ, per-position acceptance, accept histogram, tokens/s speculative vs plain, speedup.
 Speculative output must equal plain greedy output for every prompt; any mismatch fails the step.
