@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ from steps.lib.store import Manifest, Store, artifact_id
 from steps.lib.training.checkpoint import BEST_FILE, CKPT_PREFIX
 from steps.lib.training.evaluate import held_out, load_eval_set
 from steps.lib.training.loop import Setup, train_loop
-from steps.lib.training.plan import ShardReader, build_plan, shard_paths
+from steps.lib.training.plan import ShardReader, auto_epochs, build_plan, shard_paths
 from steps.registry import step_main
 
 #: train fields that change how the work is spread over GPUs, not what is learned: the same draft
@@ -141,7 +142,9 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
     lengths = {rel: reader.lengths(rel) for rel in shard_paths(hidden)}
     t = cfg.train
     held = held_out(lengths, t.eval_fraction, cfg.seed) if t.eval_every else {}
-    plan = build_plan(lengths, epochs=t.epochs, seed=cfg.seed, max_length=t.max_length,
+    trained = sum(n for rel, ns in lengths.items() for i, n in enumerate(ns) if i not in held.get(rel, set()))
+    epochs = auto_epochs(trained) if t.epochs == "auto" else t.epochs
+    plan = build_plan(lengths, epochs=epochs, seed=cfg.seed, max_length=t.max_length,
                       rows_per_batch=max(1, t.batch_tokens // t.max_length), exclude=held)
     eval_set = (load_eval_set(reader, lengths, held, max_length=t.max_length, max_tokens=t.eval_max_tokens)
                 if t.eval_every else None)
@@ -160,6 +163,17 @@ def draft_id(cfg: PipelineConfig, inputs: dict[str, str]) -> str:
     return artifact_id("draft", {"train": section, "seed": cfg.seed}, inputs)
 
 
+def wall_phases(start: float, loaded: float, looped: float, trained: float, train_s: float) -> dict[str, Any]:
+    """Where the train step's wall time went (perf_counter marks): `phases_s` with load (target head, vocab,
+    shard lengths, eval set), the lease, the steps themselves (`train_s`: their first ones compile), the rest
+    of the loop (τ_sim evaluation, checkpoints, shard reads, the log) and saving the weights; `wall_s` their
+    sum. The upload in `commit` comes after the manifest is written and is not in it."""
+    now = time.perf_counter()
+    phases = {"load": loaded - start, "lease": looped - loaded, "train_steps": train_s,
+              "loop_other": trained - looped - train_s, "save": now - trained}
+    return {"phases_s": phases, "wall_s": now - start}
+
+
 def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab_id: str, *,
         on_step: Callable[[int, dict[str, Any]], None] | None = None) -> Manifest:
     """Train (or resume, or reuse) the draft for these inputs; `on_step(step, record)` after each step.
@@ -169,8 +183,10 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
     art_id = draft_id(cfg, inputs)
     if store.exists("draft", art_id):
         return store.manifest("draft", art_id)
+    start = time.perf_counter()
     world = distributed.setup(cfg.train.device)
     setup = prepare(cfg, store, target_id, hidden_id, vocab_id)
+    loaded = time.perf_counter()
     # One attempt per job (checkpoints are read by every rank): rank 0 takes the lease, the others join it.
     writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train) if world.is_main else None
     attempt = distributed.all_gather_object(world, writer.attempt if writer else None)[0]
@@ -178,13 +194,16 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
         return store.manifest("draft", art_id)
     if writer is None:
         writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train, join=attempt)
+    looped = time.perf_counter()
     metrics, weights = train_loop(cfg.train, setup, writer.staging, on_step, world)
     if world.is_main:
+        trained = time.perf_counter()
         save_sorted(weights, writer.path(DRAFT_MODEL_FILE))
         writer.path(DRAFT_CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
         for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):      # resume state is not part of the artifact
             shutil.rmtree(ckpt)
         writer.path(BEST_FILE).unlink(missing_ok=True)
+        metrics |= wall_phases(start, loaded, looped, trained, metrics.get("train_s") or 0.0)
         writer.commit(metrics=metrics, meta=setup.meta)
     distributed.barrier(world)                                   # the manifest exists for every rank now
     return store.manifest("draft", art_id)

@@ -339,3 +339,12 @@ def test_target_head_handles_tied_and_untied_embeddings(tmp_path):
               str(tmp_path / "untied/model.safetensors"))
     with pytest.raises(KeyError, match="lm_head.weight"):
         read_target_head(tmp_path / "untied", cfg)
+
+
+def test_the_manifest_accounts_for_the_train_steps_wall_time_by_phase(source, tmp_path):
+    store, ids = fresh_store(source, tmp_path)
+    m = run(config(epochs=1), store, **ids)
+    phases = m.metrics["phases_s"]
+    assert set(phases) == {"load", "lease", "train_steps", "loop_other", "save"}
+    assert all(v >= 0 for v in phases.values()) and phases["train_steps"] == m.metrics["train_s"]
+    assert sum(phases.values()) == pytest.approx(m.metrics["wall_s"], rel=1e-6)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -232,7 +232,8 @@ class TrainConfig(Section):
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.05
     weight_decay: NonNegative = 0.0
     grad_clip: Positive = 0.5
-    epochs: Positive = 1.0
+    #: passes over the data; `auto`: from the data's size (steps.lib.training.plan.auto_epochs).
+    epochs: Positive | Literal["auto"] = 1.0
     #: None: no cap beyond epochs; 0: the untrained control.
     max_steps: Natural | None = None
     #: tokens per optimizer step (sequences are packed up to max_length).
@@ -310,6 +311,26 @@ class VerifyConfig(Section):
     #: prompts of the dataset's held-out split (dataset.held_out) to measure in-distribution τ on
     #: (None: all of them; 0: skip, as the demo's untrained control does).
     in_distribution_prompts: Natural | None = None
+    #: MT-bench turns measured: 2 also decodes each question's second turn after the target's own first
+    #: answer (plain greedy, up to max_new_tokens) as history, as the anchors (SpecForge/SpecBundle) measure.
+    turns: Literal[1, 2] = 1
+    #: chain lengths k measured (τ at each, e.g. [3, 7] for 3/1/4 and 7/1/8); must hold serve.num_steps,
+    #: the served k whose τ is the headline `tau` (F9 compares it with live τ). None: serve.num_steps only.
+    chain_lengths: Annotated[list[Count], Field(min_length=1)] | None = None
+    #: prompts decoded at once (the batched engine; 1: the one-request engine). How work is batched, not
+    #: what is measured: never in the verify id.
+    batch_size: Count = 1
+    #: a speculative token that differs from plain greedy's counts as a near tie, not a mismatch, when the
+    #: target's logit of plain's token exceeds the speculative one's by at most this (a bf16 argmax flips
+    #: between a k+1-token verify forward and a one-token forward at gaps of a bf16 ulp or two; 0: exact,
+    #: as on a CPU in float32). Each near tie is reported with its gap.
+    tie_tolerance: NonNegative = 0.0
+    #: bootstrap resamplings of the prompts for each τ's 95% interval (`tau_interval`, seeded by `seed`).
+    bootstrap_samples: Count = 1000
+
+    #: fields whose default leaves the verify id as it was before they existed.
+    ID_NEUTRAL_DEFAULTS: ClassVar[dict[str, object]] = {"turns": 1, "chain_lengths": None, "tie_tolerance": 0.0,
+                                                        "bootstrap_samples": 1000}
 
 
 class ServeConfig(Section):
@@ -387,6 +408,9 @@ class PipelineConfig(Section):
         if t.context_length is not None and self.train.max_length > t.context_length:
             raise ValueError(f"train.max_length={self.train.max_length} exceeds "
                              f"target.context_length={t.context_length}")
+        if self.verify.chain_lengths is not None and self.serve.num_steps not in self.verify.chain_lengths:
+            raise ValueError(f"verify.chain_lengths={self.verify.chain_lengths} must contain serve.num_steps="
+                             f"{self.serve.num_steps}, the served chain length whose τ is the headline (F9)")
         if self.serve.eagle_topk == 1 and self.serve.num_draft_tokens != self.serve.num_steps + 1:
             raise ValueError(f"serve.num_draft_tokens={self.serve.num_draft_tokens} with "
                              f"serve.eagle_topk=1 must be serve.num_steps+1={self.serve.num_steps + 1} "
