@@ -151,6 +151,8 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
 def draft_id(cfg: PipelineConfig, inputs: dict[str, str]) -> str:
     """The `draft` artifact id: the train section (less how it is spread over GPUs), the seed, the inputs."""
     section = cfg.train.model_dump(mode="json", exclude=set(NOT_IN_ID))
+    if section["hidden_states"] == "offline":        # the default leaves every existing draft id unchanged
+        del section["hidden_states"]
     return artifact_id("draft", {"train": section, "seed": cfg.seed}, inputs)
 
 
