@@ -115,3 +115,15 @@ def test_a_killed_online_run_resumes_from_its_checkpoint_to_the_uninterrupted_we
     a = load_file(str(root / "artifacts/draft" / m.id / "model.safetensors"))
     b = load_file(str(offline["root"] / "artifacts/draft" / offline["manifest"].id / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_pipeline_skips_extract_online_and_calls_train_with_the_dataset(src, offline, tmp_path):
+    from steps.registry import call_step, skipped
+    assert skipped("extract", config("online")) and not skipped("extract", config("offline"))
+    assert not any(skipped(s, config("online")) for s in ("datagen", "mapping", "train", "export"))
+    root = tmp_path / "store"
+    shutil.copytree(src, root)
+    # what flows/pipeline.py calls with extract skipped: train's `hidden` input is the dataset
+    rec = call_step("train", config("online"), open_store(f"file://{root}"),
+                    {"target": IDS["target"], "hidden": IDS["dataset"], "vocab": IDS["vocab"]})
+    assert rec["metrics"]["final_loss"] == offline["manifest"].metrics["final_loss"]
