@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steps.lib.artifacts import read_conversations, target_config
+from steps.lib.artifacts import target_config
 from steps.lib.checks.disk import check_disk_budget
 from steps.lib.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
 from steps.lib.data.shards import bytes_per_token, check_storage_dtype, shard_bytes_bound, write_encoded
 from steps.lib.extraction.capture import CaptureBackend, SGLangBackend, ShardedBackend, load_sharded, make_backend
+from steps.lib.extraction.sequences import SHARD_PATH, capture_batches, group_sequences, read_sequences
 from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
 from steps.lib.layer_ids import target_architecture
 from steps.lib.runtime import distributed
@@ -56,26 +57,9 @@ log = logging.getLogger("eaglenest.extract")
 #: budget, or wherever the servers run (a resumed run may raise the budget and keep its shards; a
 #: moved server does not restart extraction, and a URL's credentials never reach the id).
 NOT_IN_ID = ("disk_budget", "server_url", "final_server_url")
-SHARD_PATH = "shards/shard-{:05d}.safetensors"
 
 
 # --- inputs -------------------------------------------------------------------------------------
-
-def read_sequences(store: Store, dataset_id: str, max_length: int) -> list[dict[str, list[int]]]:
-    """Every conversation of the dataset, in order, truncated to `max_length` tokens."""
-    out = []
-    for row in read_conversations(store, dataset_id):
-        ids, mask = row["input_ids"][:max_length], row["loss_mask"][:max_length]
-        if len(ids) != len(mask):
-            raise ValueError(f"dataset {dataset_id}, conversation {row.get('id')!r}: input_ids has "
-                             f"{len(row['input_ids'])} tokens but loss_mask {len(row['loss_mask'])}; "
-                             "re-run datagen")
-        if ids:
-            out.append({"input_ids": list(ids), "loss_mask": [int(m) for m in mask]})
-    if not out:
-        raise ValueError(f"dataset {dataset_id}: no conversations with tokens; nothing to extract")
-    return out
-
 
 # --- planning -----------------------------------------------------------------------------------
 
@@ -141,14 +125,7 @@ def plan_shards(lengths: list[int], shard_tokens: int, fmt: ShardFormat) -> list
     Deterministic in (lengths, shard_tokens): shard i of a resumed run holds the same sequences.
     A sequence longer than `shard_tokens` gets a shard of its own.
     """
-    groups: list[list[int]] = [[]]
-    tokens = 0
-    for i, n in enumerate(lengths):
-        if groups[-1] and tokens + n > shard_tokens:
-            groups.append([])
-            tokens = 0
-        groups[-1].append(i)
-        tokens += n
+    groups = group_sequences(lengths, shard_tokens)
     plans = []
     for k, seqs in enumerate(groups):
         t = sum(lengths[i] for i in seqs)
@@ -200,9 +177,7 @@ def submit_shard(w: ShardWriter, backend: CaptureBackend, plan: ShardPlan, seque
     seqs = [sequences[i] for i in plan.sequences]
     job = ShardJob(path, [s["input_ids"] for s in seqs], [s["loss_mask"] for s in seqs], plan.bytes_bound, tag=plan)
     # Batch sequences of similar length together (less padding); the writer restores the shard's order.
-    by_length = sorted(range(len(seqs)), key=lambda k: len(seqs[k]["input_ids"]))
-    for start in range(0, len(seqs), batch_size):
-        keys = by_length[start:start + batch_size]
+    for keys in capture_batches([len(s["input_ids"]) for s in seqs], batch_size):
         w.submit(job, keys, backend.capture_async([seqs[k]["input_ids"] for k in keys], fmt.storage_dtype))
     w.finish(job)
 

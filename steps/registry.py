@@ -120,6 +120,12 @@ _ROWS = (
 )
 STEPS: dict[str, Step] = {s.name: s for s in _ROWS}
 
+
+def skipped(step: str, cfg: Any) -> bool:
+    """A step this config leaves out of the pipeline: extract, when train computes the hidden states online
+    (`train.hidden_states: online`; train's `hidden` input is then the dataset the target runs over)."""
+    return step == "extract" and cfg.train.hidden_states == "online"
+
 #: the tools: their own argument shapes (a directory, not artifact ids), same `eaglenest` dispatch.
 TOOLS: dict[str, str] = {
     "doctor": "diagnose any EAGLE-3 draft dir (and optionally a live server) against F1–F9",

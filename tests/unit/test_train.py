@@ -348,3 +348,14 @@ def test_the_manifest_accounts_for_the_train_steps_wall_time_by_phase(source, tm
     assert set(phases) == {"load", "lease", "train_steps", "loop_other", "save"}
     assert all(v >= 0 for v in phases.values()) and phases["train_steps"] == m.metrics["train_s"]
     assert sum(phases.values()) == pytest.approx(m.metrics["wall_s"], rel=1e-6)
+
+
+def test_train_hidden_states_offline_is_id_neutral_and_online_is_a_different_draft():
+    from steps.lib.config import load_config
+    from steps.train import draft_id
+    inputs = {"target": "a", "hidden": "b", "vocab": "c"}
+    offline = load_config("configs/tiny.yaml")
+    # the id main computed for configs/tiny.yaml before the field existed
+    assert draft_id(offline, inputs) == "5992b912c66a2b6a"
+    online = load_config("configs/tiny.yaml", ["train.hidden_states=online"])
+    assert draft_id(online, inputs) != draft_id(offline, inputs)

@@ -252,6 +252,10 @@ class TrainConfig(Section):
     #: Not part of the draft's id: the loss curve is the same at any world size.
     parallel: Literal["auto", "ddp", "fsdp"] = "auto"
     fsdp_min_params: Natural = 600_000_000
+    #: where the aux + final hidden states come from: `offline` reads the `hidden` artifact that extract
+    #: wrote (extract once, retrain many times); `online` runs the target inside the training job on the
+    #: same device(s), nothing stored. Not part of the draft's id at its default (existing ids unchanged).
+    hidden_states: Literal["offline", "online"] = "offline"
     #: τ while training (steps/lib/training/evaluate.py): every `eval_every` optimizer steps (and after the
     #: last) the simulated acceptance length τ_sim on a held-out `eval_fraction` of the sequences (never
     #: trained on; at most `eval_max_tokens` of them evaluated). 0 turns it off and trains on everything.

@@ -133,6 +133,9 @@ class ShardReader:
         self.cache.admit(path, path.stat().st_size, owned=remote)   # evicts older copies (remote stores)
         return path
 
+    def shards(self) -> list[str]:
+        return shard_paths(self.hidden)
+
     def lengths(self, rel: str) -> list[int]:
         with safe_open(str(self.local(rel)), framework="pt") as f:
             return f.get_tensor("cu_seqlens").diff().tolist()
