@@ -100,16 +100,44 @@ class TargetConfig(Section):
 # --- dataset and datagen -----------------------------------------------------------------------
 
 class PromptSource(Section):
-    #: builtin sources ship in packages (offline); `file` is JSONL/parquet/a saved `datasets` dir.
-    kind: Literal["sharegpt", "humaneval", "stdlib", "topics", "pydoc", "mtbench", "file"]
+    #: builtin sources ship in packages (offline); `file` is JSONL/parquet/a saved `datasets` dir;
+    #: `synthetic`: `count` prompts the target writes itself (datagen, `dataset.synthetic`).
+    kind: Literal["sharegpt", "humaneval", "stdlib", "topics", "pydoc", "mtbench", "file", "synthetic"]
     path: str | None = None
     limit: Count | None = None
+    count: Count | None = None
 
     @model_validator(mode="after")
     def _path_for_file(self) -> PromptSource:
         if self.kind == "file" and not self.path:
             raise ValueError("dataset source kind=file requires a path (JSONL, parquet or a datasets dir)")
+        if (self.kind == "synthetic") != (self.count is not None):
+            raise ValueError("dataset source kind=synthetic takes `count` (the prompts the target writes), "
+                             "and only it: {kind: synthetic, count: N}")
+        if self.kind == "synthetic" and self.limit is not None:
+            raise ValueError("dataset source kind=synthetic is sized by `count`, not `limit`; remove `limit`")
         return self
+
+
+class SyntheticConfig(Section):
+    """User turns the target writes itself, Magpie-style (steps/lib/data/synthetic.py): the chat template
+    rendered up to a user turn, the target samples the user's words. Used by `synthetic` sources and by
+    datagen's second turns (`datagen.turns: 2`); always filtered, deduplicated and decontaminated."""
+    #: sampling temperature of a user turn: variety (1.2 gives word salad on SmolLM2-135M, 0.8 questions).
+    temperature: Positive = 0.8
+    #: tokens a user turn may take; one still unfinished there is dropped as too long.
+    max_tokens: Count = 128
+    #: system prompts a conversation starts with, drawn at random (seeded); null: the template's own default.
+    system_prompts: list[str | None] = [None, None, "You are a helpful assistant.",
+                                        "You are a knowledgeable assistant. Answer clearly and accurately.",
+                                        "You are a friendly assistant who explains things step by step."]
+    #: fraction of first turns written under a hint (an MT-bench category and a seed topic) in the
+    #: system prompt the target writes them under; the conversation itself keeps the plain system prompt.
+    topic_hints: Fraction = 0.5
+    #: near-duplicate threshold: word-shingle Jaccard similarity at which a prompt repeats a kept one.
+    near_duplicate: Annotated[float, Field(gt=0, le=1)] = 0.7
+    #: candidates written per prompt kept, at most: generation stops there even if filters left fewer.
+    max_attempts: Count = 4
 
 
 class DatasetConfig(Section):
@@ -121,12 +149,18 @@ class DatasetConfig(Section):
     eval_categories: list[str] | None = None
     #: prompts of the mixed sources kept out of training: verify's in-distribution τ (0: none).
     held_out: Natural = 0
+    #: drop every offline prompt sharing a 13-gram with a reported benchmark (MT-bench both turns,
+    #: HumanEval: steps/lib/data/decontaminate.py); synthetic prompts and written turns always are.
+    decontaminate: bool = False
+    synthetic: SyntheticConfig = SyntheticConfig()
 
     @field_validator("sources")
     @classmethod
     def _no_eval_leak(cls, v: list[PromptSource]) -> list[PromptSource]:
         if any(s.kind == "mtbench" for s in v):
             raise ValueError("mtbench is the held-out evaluation set; remove it from dataset.sources")
+        if sum(s.kind == "synthetic" for s in v) > 1:
+            raise ValueError("one source of kind=synthetic at most; add up their counts in one")
         return v
 
 
@@ -154,11 +188,17 @@ class DatagenConfig(Section):
     #: graphs, `batch_size` slots refilled as rows finish; bfloat16 on a GPU, the served dtype), `auto`: the
     #: engine on a GPU for a Llama-family target, else the loop. `auto` stays out of the dataset id.
     decoder: Literal["auto", "loop", "engine"] = "auto"
+    #: user turns per conversation: 2 has the target write a second user turn after its first answer
+    #: (`dataset.synthetic`) and answer it, turn by turn; the loss covers both answers.
+    turns: Literal[1, 2] = 1
 
     @model_validator(mode="after")
     def _url_for_openai(self) -> DatagenConfig:
         if self.backend == "openai" and not self.server_url:
             raise ValueError("datagen.backend=openai requires datagen.server_url")
+        if self.backend == "openai" and self.turns == 2:
+            raise ValueError("datagen.turns=2 needs datagen.backend=local (the target writes the second user "
+                             "turn from its own chat template); set datagen.turns: 1 or backend: local")
         return self
 
 
@@ -415,6 +455,9 @@ class PipelineConfig(Section):
         if self.verify.chain_lengths is not None and self.serve.num_steps not in self.verify.chain_lengths:
             raise ValueError(f"verify.chain_lengths={self.verify.chain_lengths} must contain serve.num_steps="
                              f"{self.serve.num_steps}, the served chain length whose τ is the headline (F9)")
+        if self.datagen.backend == "openai" and any(s.kind == "synthetic" for s in self.dataset.sources):
+            raise ValueError("dataset source kind=synthetic needs datagen.backend=local (the target writes "
+                             "the prompts from its own chat template); remove the source or use backend: local")
         if self.serve.eagle_topk == 1 and self.serve.num_draft_tokens != self.serve.num_steps + 1:
             raise ValueError(f"serve.num_draft_tokens={self.serve.num_draft_tokens} with "
                              f"serve.eagle_topk=1 must be serve.num_steps+1={self.serve.num_steps + 1} "
