@@ -10,6 +10,7 @@ import argparse
 import json
 
 from flows.pipeline import eagle3_pipeline
+from steps.lib.runtime.processes import install_reaper
 from steps.registry import add_common_args
 
 
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-url", default=None, help="benchmark this running speculative server")
     parser.add_argument("--json", action="store_true", help="print the step records as JSON")
     args = parser.parse_args(argv)
+    install_reaper()    # a SIGTERM stops the step processes, their servers and Prefect's temporary server
     state = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, mode=args.mode,
                             pool=args.pool, through=args.through, dataset=args.dataset, spec_url=args.spec_url,
                             return_state=True)

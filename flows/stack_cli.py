@@ -32,6 +32,7 @@ from flows.prefect_setup import (
     save_s3_secrets,
 )
 from flows.stack import START_TIMEOUT_S, Stack, StackError
+from steps.lib.runtime.processes import install_reaper
 
 
 def stack_from_args(args: argparse.Namespace) -> Stack:
@@ -105,6 +106,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    install_reaper()    # a SIGTERM while `up` waits stops the server and worker it started
     try:
         commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "register": cmd_register}
         return commands[args.command](args)

@@ -26,6 +26,7 @@ import sys
 
 from steps.lib import formats
 from steps.lib.checks.strict import FormatError
+from steps.lib.errors import InputError
 from steps.lib.layouts import ConvertError, convert
 
 
@@ -42,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = convert(args.src, args.dst, args.to, num_target_layers=args.num_target_layers,
                       verifier=args.verifier, speculative_tokens=args.speculative_tokens)
-    except (ConvertError, FormatError, FileNotFoundError) as err:
-        print(f"eaglenest convert: {err}", file=sys.stderr)
-        return 1
+    except (ConvertError, FormatError, InputError, OSError) as err:     # bad input: one line, exit 2
+        print(f"eaglenest convert: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
     print(out)
     return 0
 

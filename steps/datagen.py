@@ -36,6 +36,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import torch
+
 from steps.lib.artifacts import conversations_path, inference_device, load_target, load_tokenizer
 from steps.lib.config import DatagenConfig, PipelineConfig, SyntheticConfig
 from steps.lib.data.chat import chat_token_ids, tokenize_conversation
@@ -43,6 +45,7 @@ from steps.lib.data.prompts import benchmark_index, source_files_sha256, trainin
 from steps.lib.data.synthetic import Generate, Stage, write_prompts, write_user_turns
 from steps.lib.http import get_json, post_json
 from steps.lib.model.decode import cpu_threads, decode, sampling_generator, torch_threads
+from steps.lib.model.decode_engine import ENGINE_MODEL_TYPES, decode_engine
 from steps.lib.runtime import progress
 from steps.lib.store import Manifest, Store, artifact_id, canonical_json
 from steps.registry import step_main
@@ -78,6 +81,8 @@ def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_p
     digest = hashlib.sha256(canonical_json(prompts).encode()).hexdigest()
     # Where a server lives is not what the dataset is (and a URL may carry credentials): never in the id.
     datagen = cfg.datagen.model_dump(mode="json", exclude={"server_url"})
+    if datagen.get("decoder") == "auto":
+        datagen.pop("decoder")     # the default: ids of datasets made before the field existed stay
     if cfg.datagen.temperature == 0 and cfg.datagen.samples_per_prompt == 1:
         # Greedy answers do not depend on how requests are batched or where they are served from
         # (the target artifact is an input of the id), so these knobs do not change the dataset.
@@ -120,6 +125,19 @@ def stop_token_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def resolve_decoder(choice: str, model: Any) -> str:
+    """`datagen.decoder` for this model: `auto` is the engine on a GPU for a model type it supports."""
+    if choice != "auto":
+        return choice
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    return "engine" if on_gpu and model.config.model_type in ENGINE_MODEL_TYPES else "loop"
+
+
+def engine_dtype(device: str) -> torch.dtype:
+    """The engine's dtype: bfloat16 on a GPU (what production serves), float32 on the CPU (deterministic)."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
 def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: DatagenConfig,
                    seed: int, temperature: float | None = None) -> list[dict[str, Any]]:
     """Greedy (or seeded sampled) batched decoding: `steps.lib.model.decode.decode`, finished rows leave the batch."""
@@ -127,7 +145,12 @@ def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: Datag
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     temperature = dg.temperature if temperature is None else temperature
     generator = sampling_generator(model, seed) if temperature > 0 else None
-    answers = decode(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature, generator=generator)
+    if resolve_decoder(dg.decoder, model) == "engine":
+        answers = decode_engine(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature,
+                                generator=generator, slots=dg.batch_size)
+    else:
+        answers = decode(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature,
+                         generator=generator)
     return [{"text": tokenizer.decode(a.tokens, skip_special_tokens=True), "finished": a.finished,
              "tokens": len(a.tokens) + a.finished, "error": None} for a in answers]
 
@@ -382,6 +405,9 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     device = inference_device() if local else None
     model, tokenizer = (load_target(store, target_id, device=device) if local
                         else (None, load_tokenizer(store, target_id)))
+    decoder = resolve_decoder(cfg.datagen.decoder, model) if local else None
+    if decoder == "engine":
+        model = model.to(engine_dtype(device))
     served = "" if local else served_model_name(str(cfg.datagen.server_url), cfg.target.display_name)
     writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id}, config=identity)
     synthetic, written = synthetic_prompts(cfg, writer, model, tokenizer, chunk_prompts)
@@ -406,8 +432,10 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
         raise RuntimeError(f"datagen: no prompt of {len(prompts)} got a usable answer ({metrics['skipped']} too "
                            f"long, {metrics['empty']} empty)")
     # the device a local backend decoded on: its generator draws the sampled answers (`sampling_generator`)
+    # and the decoder and dtype it ran (bf16 answers differ from float32 ones: they are the served target's)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if local else None
     return writer.commit(metrics=metrics, meta={"backend": cfg.datagen.backend, "device": device,
-                                                "chunks": len(chunk_stats)})
+                                                "decoder": decoder, "dtype": dtype, "chunks": len(chunk_stats)})
 
 
 def synthetic_prompts(cfg: PipelineConfig, writer: Any, model: Any, tokenizer: Any, round_size: int,
@@ -460,4 +488,4 @@ if __name__ == "__main__":
 
 __all__ = ["run", "main", "tokenize_conversation", "answer_chunk", "generate_chunk", "generate_local", "with_samples",
            "MissingAnswers",
-           "generate_openai", "stop_token_ids", "dataset_identity"]
+           "generate_openai", "stop_token_ids", "dataset_identity", "resolve_decoder", "engine_dtype"]

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from steps.lib import formats
 from steps.lib.checks.algorithm import draft_architecture
-from steps.lib.checks.strict import assert_engine_dir
+from steps.lib.checks.strict import assert_engine_dir, tensor_meta
 from steps.lib.layer_ids import default_aux_layer_ids, from_engine
 
 #: how the layout is recognised: (name, engine whose loader serves it, rule in words, predicate on
@@ -84,8 +84,10 @@ class Draft:
 def read_draft(src: str | Path, *, num_target_layers: int | None = None) -> tuple[str, Draft]:
     """(layout, Draft) of any known layout; raises ConvertError on anything not carried faithfully."""
     src = Path(src)
-    config = json.loads((src / formats.CONFIG_FILE).read_text())
-    tensors = load_file(str(src / formats.WEIGHTS_FILE))
+    config = formats.read_config(src)
+    weights = formats.draft_file(src, formats.WEIGHTS_FILE)
+    tensor_meta(weights)        # a truncated or corrupt file is named before it is read whole
+    tensors = load_file(str(weights))
     layout = detect_layout(config, list(tensors))
     if layout not in SOURCE_ENGINE:
         raise ConvertError(f"{src}/{formats.CONFIG_FILE}: layout not recognised (architectures="

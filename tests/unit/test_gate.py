@@ -233,3 +233,23 @@ def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
     lines = result_lines(run_result({}, zero, export_uri="s3://b/artifacts/export/e2"))
     assert lines[1].startswith("τ 1.000 live, n/a offline") and "speedup n/a live" in lines[1]
     assert lines[-1] == ("doctor: F1 failing (docs/FAILURES.md); fix: restart with --speculative-algorithm EAGLE3")
+
+
+def test_production_pointing_at_a_missing_export_is_named_and_not_trusted(world, caplog):
+    """Issue 27: an alias is verified before the gate trusts it; its missing target is named in the decision."""
+    import json
+
+    from steps import gate
+
+    store = world["store"]
+    store.backend.put_bytes("aliases/production.json", json.dumps(
+        {"kind": "export", "id": "0123456789abcdef", "meta": {}, "previous": None}).encode())
+    try:
+        bench = put_benchmark(store, "bf00000000000027", world["export_id"], tau=2.4)
+        m = gate.run(world["cfg"], store, world["export_id"], world["target_id"], bench)
+        assert m.meta["champion"] is None
+        assert any("production.json points at export/0123456789abcdef" in r for r in m.meta["reasons"]), \
+            m.meta["reasons"]
+        assert "export/0123456789abcdef, which is not in the store" in caplog.text
+    finally:
+        store.restore_alias("production", None)

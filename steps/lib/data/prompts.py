@@ -131,6 +131,22 @@ def held_out_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[str, lis
     return out
 
 
+def second_turn_prompts(cfg: PipelineConfig, tokenizer: Any, first_answers: dict[str, str]
+                        ) -> list[tuple[str, list[int]]]:
+    """MT-bench second turns after the target's own first answers (`first_answers`: prompt id -> the answer's
+    text), chat-templated as serving applies the template (its default system prompt included): verify's
+    two-turn τ, measured as the anchors measure it. Ids are `<first turn id>-turn2`."""
+    out = []
+    for p in load_mtbench(cfg.verify.categories, cfg.verify.num_prompts):
+        if len(p["turns"]) < 2 or p["id"] not in first_answers:
+            continue
+        history = [m for m in p["messages"] if m["role"] != "assistant"][:2]   # optional system + turn 1
+        messages = [*history, {"role": "assistant", "content": first_answers[p["id"]]},
+                    {"role": "user", "content": p["turns"][1]}]
+        out.append((f"{p['id']}-turn2", chat_token_ids(tokenizer, messages)))
+    return out
+
+
 def load_humaneval() -> list[dict[str, Any]]:
     """HumanEval's 164 function stubs as 'complete this function' requests."""
     with gzip.open(package_file(*HUMANEVAL_FILE), "rt") as f:
