@@ -14,6 +14,12 @@ step fail naming how many and why, and the answers so far stay staged, so the ne
 the missing ones. Each chunk is uploaded as soon as it is written, so a crashed run
 resumes from its committed chunks; the manifest is written last and only if something succeeded.
 
+A `synthetic` source's prompts are written by the target itself first (steps/lib/data/synthetic.py: its
+chat template up to a user turn, sampled; filtered, deduplicated, decontaminated), each round of candidates
+kept under `synthetic/` in the artifact so a killed run replays them. With `datagen.turns: 2` the target
+then writes a second user turn after its own first answer and answers it, turn by turn. Every count of
+what was dropped goes into the manifest's metrics (docs/DATASETS.md).
+
 The chat template is applied in one place, steps/lib/data/chat.py, exactly as serving applies it: the
 prompts as the server renders them, and the loss mask (`tokenize_conversation`) 1 exactly on every
 assistant turn's tokens including its end-of-turn token, 0 on system/user/template tokens.

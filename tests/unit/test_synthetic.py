@@ -80,7 +80,7 @@ def test_written_turns_are_filtered():
     assert S.verdict("The weather was nice yesterday.", True, index) == "not_request"
     assert S.verdict(HAWAII, True, index) == "contaminated"
     for ok in ("How do I bake bread at home?", "Write a poem about autumn leaves.",
-               "I'd like some tips for a job interview."):
+               "I'd like some tips for a job interview.", "Given x + 3 = 5, what is the value of x."):
         assert S.verdict(ok, True, index) is None
 
 
@@ -104,7 +104,8 @@ def test_synthetic_prompts_are_seeded_counted_and_resume_from_stored_rounds(tiny
     rounds, made = {}, []
     prompts, counts = _write(tiny, 0, rounds, made)
     assert 0 < len(prompts) <= 6 and made == sorted(rounds)
-    assert counts["written"] == len(prompts) + sum(counts[r] for r in S.REASONS) == 4 * len(rounds)
+    assert counts["written"] == len(prompts) + sum(counts[r] for r in (*S.REASONS, "unused")) \
+        == sum(map(len, rounds.values()))
     for p in prompts:
         assert p["source"] == "synthetic" and p["messages"][-1]["role"] == "user" and p["messages"][-1]["content"]
     assert _write(tiny, 0, {}, []) == (prompts, counts)                      # the same seed, the same prompts
@@ -135,7 +136,8 @@ def test_datagen_writes_synthetic_two_turn_conversations_and_counts_what_it_drop
     met = m.metrics
     print("synthetic two-turn metrics:", met)
     assert met["dropped_contaminated_mtbench"] == 1
-    assert met["synthetic_written"] == met["synthetic_kept"] + sum(met[f"synthetic_{r}"] for r in S.REASONS)
+    assert met["synthetic_written"] == met["synthetic_kept"] + sum(met[f"synthetic_{r}"] for r in (*S.REASONS,
+                                                                                                   "unused"))
     assert met["turn2_written"] == met["ok"]
     assert met["two_turn"] == met["turn2_written"] - sum(met[f"turn2_{r}"] for r in S.REASONS[:4]) \
         - met["turn2_prompt_too_long"] - met["turn2_empty_answer"]

@@ -23,6 +23,7 @@ callback (datagen's decoder): this module never loads or runs a model itself.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Callable
@@ -52,10 +53,11 @@ REQUEST_WORDS = frozenset(
     "generate design draft find calculate compute solve compare imagine pretend act rewrite edit analyze "
     "analyse evaluate identify classify extract convert implement develop plan outline recommend name show "
     "what why how who whom whose which when where is are can could would should will do does did please "
-    "make build define discuss prove estimate craft".split())
+    "make build define discuss prove estimate craft given suppose consider assume if let".split())
 #: ... or phrases it holds.
 REQUEST_PHRASES = ("can you", "could you", "would you", "please", "help me", "i need", "i want", "i'd like",
-                   "i would like", "i'm looking for", "i am looking for", "i'm trying", "tell me", "let me know")
+                   "i would like", "i'm looking for", "i am looking for", "i'm trying", "tell me", "let me know",
+                   "what is", "what are", "how do", "how can", "how to")
 #: the hint a first turn may be written under, per MT-bench category; topics from steps/lib/data/topics.py.
 CATEGORY_HINTS = {"writing": "a writing task", "roleplay": "a role-play", "reasoning": "a reasoning problem",
                   "math": "a math problem", "coding": "a programming task", "extraction": "extracting information "
@@ -126,19 +128,24 @@ def _write_round(tokenizer: Any, generate: Generate, syn: SyntheticConfig, n: in
 def write_prompts(count: int, tokenizer: Any, generate: Generate, syn: SyntheticConfig, index: NgramIndex, *,
                   seed: int, round_size: int, stage: Stage) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """`count` first user turns written by the target (fewer if `max_attempts` × count candidates did not
-    give as many); (prompts `{"id", "source": "synthetic", "messages"}`, counts: `written` and each reason)."""
-    counts = dict.fromkeys(("written", *REASONS), 0)
+    give as many); (prompts `{"id", "source": "synthetic", "messages"}`, counts: `written`, each reason, and
+    `unused`: written in a round after `count` were kept). Round r is `stage(r, ...)`; its size and the ids
+    of its candidates follow from the rounds before it, so a resumed run asks for the same rounds."""
+    counts = dict.fromkeys(("written", *REASONS, "unused"), 0)
     dedup, kept = Deduper(syn.near_duplicate), []
-    for r in range(-(-count * syn.max_attempts // round_size)):
-        if len(kept) >= count:
+    for r in itertools.count():
+        budget = count * syn.max_attempts - counts["written"]
+        if len(kept) >= count or budget <= 0:
             break
-        start = r * round_size
-        for c in stage(r, lambda start=start: _write_round(tokenizer, generate, syn, round_size, seed, start)):
+        # a round writes what is still missing and a quarter more (most candidates pass), at most a chunk
+        n, start = min(round_size, budget, -(-(count - len(kept)) * 5 // 4)), counts["written"]
+        for c in stage(r, lambda n=n, start=start: _write_round(tokenizer, generate, syn, n, seed, start)):
             counts["written"] += 1
-            why = verdict(c["text"], c["finished"], index) or dedup.verdict(c["text"])
+            why = "unused" if len(kept) >= count else (verdict(c["text"], c["finished"], index)
+                                                       or dedup.verdict(c["text"]))
             if why is not None:
                 counts[why] += 1
-            elif len(kept) < count:
+            else:
                 kept.append({"id": c["id"], "source": "synthetic",
                              "messages": _messages(c["system"]) + [{"role": "user", "content": c["text"]}]})
     return kept, counts
