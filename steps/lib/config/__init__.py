@@ -22,7 +22,6 @@ from steps.lib.config.load import (
     load_config,
     parse_config,
     section_hash,
-    shipped_configs,
 )
 from steps.lib.config.schema import (
     SIZE_UNITS,
@@ -82,5 +81,4 @@ __all__ = [
     "resolve_draft_vocab_size",
     "resolve_max_position_embeddings",
     "section_hash",
-    "shipped_configs",
 ]
