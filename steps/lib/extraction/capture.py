@@ -310,8 +310,6 @@ class SGLangBackend:
         self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang", target_arch)
         #: tokens the job will send (set by `expect`): the first batch's rate gives its ETA.
         self.total_tokens: int | None = None
-        log.info("extract: the sglang backend needs two servers of the target at once (aux %s, final %s), each "
-                 "holding all of its weights: twice the target's memory", self.aux_url, self.final_url)
 
     def expect(self, total_tokens: int) -> None:
         """The tokens this job will send: after the first batch the ETA is printed, and an absurd one refused."""
@@ -333,6 +331,9 @@ class SGLangBackend:
                 f"SGLang server {self.aux_url} captures internal layers {captured} "
                 f"(--return-aux-hidden-state-layer-ids={ids}), but extract records {self.layer_ids}; "
                 f"relaunch it with {' '.join(aux_server_args(self.layer_ids, self.target_arch))}")
+        # said once the servers answered: a refused server's error stays the step's one line
+        log.info("extract: the sglang backend needs two servers of the target at once (aux %s, final %s), each "
+                 "holding all of its weights: twice the target's memory", self.aux_url, self.final_url)
 
     def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         start = time.perf_counter()
