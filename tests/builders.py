@@ -625,3 +625,11 @@ def tiny_deepseek_dir(root: Path, *, prefix: str = "language_model.", seed: int 
     state = load_file(str(weights))
     save_file({prefix + k: v for k, v in state.items()}, str(weights), metadata={"format": "pt"})
     return out
+
+
+def tiny_chat_batch(tiny_target, questions: list[str]) -> tuple[Any, Any, list[list[int]]]:
+    """The session's pretrained tiny target (tests/conftest.py) loaded, and `questions` as chat prompts."""
+    from steps.lib.data.chat import chat_token_ids
+    store, m, _ = tiny_target
+    model, tok = artifacts.load_target(store, m.id)
+    return model, tok, [chat_token_ids(tok, [{"role": "user", "content": q}]) for q in questions]

@@ -11,9 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from steps.datagen import stop_token_ids  # noqa: E402
-from steps.lib import artifacts  # noqa: E402
-from steps.lib.data.prompts import chat_token_ids  # noqa: E402
 from steps.lib.model.decode import cpu_threads, decode, generate_reference, torch_threads  # noqa: E402
+from tests.builders import tiny_chat_batch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,10 +22,7 @@ QUESTIONS = ["Say hello.", "What does `json.dumps` do? Explain briefly.", "Name 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_target):
-    store, m, _ = tiny_target                    # the session's pretrained tiny target (tests/conftest.py)
-    model, tok = artifacts.load_target(store, m.id)
-    prompts = [chat_token_ids(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    return model, tok, prompts
+    return tiny_chat_batch(tiny_target, QUESTIONS)
 
 
 def test_greedy_tokens_equal_generate_on_a_ragged_batch(tiny):

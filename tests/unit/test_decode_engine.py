@@ -13,10 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from steps.datagen import stop_token_ids  # noqa: E402
-from steps.lib import artifacts  # noqa: E402
-from steps.lib.data.prompts import chat_token_ids  # noqa: E402
 from steps.lib.model.decode import decode  # noqa: E402
 from steps.lib.model.decode_engine import decode_engine  # noqa: E402
+from tests.builders import tiny_chat_batch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -27,10 +26,7 @@ QUESTIONS = ["Say hello.", "What does `json.dumps` do? Explain briefly.", "Name 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_target):
-    store, m, _ = tiny_target
-    model, tok = artifacts.load_target(store, m.id)
-    prompts = [chat_token_ids(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    return model, tok, prompts
+    return tiny_chat_batch(tiny_target, QUESTIONS)
 
 
 def test_engine_equals_the_loop_with_every_prompt_in_a_slot(tiny):

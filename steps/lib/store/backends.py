@@ -8,6 +8,8 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +36,38 @@ class Backend(Protocol):
     def put_file_whole(self, key: str, local: Path) -> None: ...
     def sha256(self, key: str) -> str | None: ...
     def create_bytes(self, key: str, data: bytes) -> bool: ...
-    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool: ...
+    @contextmanager
+    def _if_holding(self, key: str, expect: bytes) -> Iterator[Path | None]:
+        """`key`'s path under its flock while it still holds `expect`, else None: the compare of the
+        compare-and-swap that `swap_bytes` and `set_aside` share, so a lease is taken over by one writer only."""
+        dst = self._p(key)
+        if not dst.parent.is_dir():
+            yield None
+            return
+        with open(dst.with_name(f".{dst.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield dst if dst.is_file() and dst.read_bytes() == expect else None
+
+    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool:
+        """Replace (or, with data None, delete) `key` only if it still holds `expect`."""
+        with self._if_holding(key, expect) as dst:
+            if dst is None:
+                return False
+            if data is None:
+                dst.unlink()
+            else:
+                self.put_bytes(key, data)
+            return True
+
+    def set_aside(self, key: str, expect: bytes, aside: str) -> bool:
+        """Rename `key` to `aside` only if it still holds `expect`: a compare-and-swap that writes no
+        data, for a full disk (a rename needs no free blocks)."""
+        with self._if_holding(key, expect) as dst:
+            if dst is None:
+                return False
+            os.replace(dst, self._p(aside))
+            return True
+
     def move_prefix(self, src: str, dst: str) -> bool: ...
 
 
