@@ -49,11 +49,15 @@ def parse_point(text: str) -> tuple[str, list[str]]:
 
 def run_point(config: str, overrides: list[str], store_uri: str) -> dict[str, Any]:
     """The chain target → verify for one point -> each step's record (artifacts reused by id)."""
-    from steps.registry import run_step
+    from steps.registry import open_config, run_step, skipped
 
+    cfg, _ = open_config(config, overrides, store_uri)
     ids: dict[str, str] = {}
     records: dict[str, dict[str, Any]] = {}
     for step, needs in CHAIN:
+        if skipped(step, cfg):      # online training: train runs the target over the dataset itself
+            ids["hidden"] = ids["dataset"]
+            continue
         t0 = time.perf_counter()
         rec = run_step(step, config, overrides, store_uri, {n: ids[n] for n in needs})
         print(f"  {step}: {rec['id']} ({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -64,13 +68,21 @@ def run_point(config: str, overrides: list[str], store_uri: str) -> dict[str, An
 
 def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One table row: how much data the point had, what training and verify measured."""
-    data, hidden, train, verify = (records[s]["metrics"] for s in ("datagen", "extract", "train", "verify"))
+    data, train, verify = (records[s]["metrics"] for s in ("datagen", "train", "verify"))
+    hidden = records["extract"]["metrics"] if "extract" in records else {}
+    by_k = verify.get("by_chain_length") or {}
     return {"point": name, "overrides": overrides, "answers": data["ok"], "prompts": data["prompts"],
             "answer_tokens": data["assistant_tokens"], "generated_tokens_per_s": data["tokens_per_s"],
             "datagen_s": data["gen_s"], "hidden_bytes": hidden.get("bytes"),
-            "storage_dtype": records["extract"]["meta"].get("storage_dtype"),
+            "storage_dtype": records["extract"]["meta"].get("storage_dtype") if "extract" in records else "online",
+            "two_turn": data.get("two_turn"), "synthetic_kept": data.get("synthetic_kept"),
             "train_tokens": train.get("tokens"), "train_s": train.get("train_s"), "tau_sim": train.get("tau_sim"),
-            "tau": verify["tau"], "per_position_acceptance": verify["per_position_acceptance"],
+            "epochs": train.get("epochs"), "train_phases_s": train.get("phases_s"),
+            "tau": verify["tau"], "tau_interval": verify.get("tau_interval"),
+            "tau_turn1": verify.get("tau_turn1"), "tau_turn2": verify.get("tau_turn2"),
+            "by_chain_length": {k: {f: v.get(f) for f in ("tau", "tau_interval", "per_position_acceptance")}
+                                for k, v in by_k.items()},
+            "per_position_acceptance": verify["per_position_acceptance"],
             "tau_in_distribution": verify.get("tau_in_distribution"),
             "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
             "verify_prompts": verify["prompts"], "mismatches": verify["mismatches"],
