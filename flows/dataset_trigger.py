@@ -45,6 +45,7 @@ import httpx
 from prefect import flow, get_run_logger
 from prefect.settings import get_current_settings
 
+from flows.parameters import described
 from steps.lib.data.prompts import DEFAULT_MAX_PROMPT_TOKENS, load_file, row_byte_bound
 from steps.lib.store import Store, md5_file, open_store
 
@@ -222,6 +223,7 @@ def event_for(store: Store, record: dict[str, Any]) -> dict[str, Any]:
 # --- the sensor ---------------------------------------------------------------------------------------
 
 @flow(name="dataset-sensor")
+@described
 def dataset_sensor(store: str | None = None) -> list[str]:
     """Emit `eaglenest.dataset.uploaded` once per object version under datasets/; returns the ids sent."""
     logger = get_run_logger()

@@ -34,6 +34,7 @@ from prefect.logging.handlers import APILogHandler
 from prefect.states import Completed, Failed, State
 
 from flows import ui
+from flows.parameters import BadParameter, Outcome, check_dataset, check_pipeline, described, install_quiet_outcomes
 from flows.promotion import current_flow_run_id, promote_in_transaction
 from flows.reuse import remember, resolve
 from flows.step_flows import flow_of, run_step_reporting
@@ -41,6 +42,8 @@ from flows.step_process import warm_up
 from steps.lib.config import PipelineConfig, find_config, load_config
 from steps.lib.store import open_store, store_uri_for
 from steps.registry import skipped
+
+install_quiet_outcomes()
 
 __all__ = ["StepRunFailed", "eagle3_pipeline", "step_task"]
 
@@ -126,19 +129,25 @@ def dataset_overrides(dataset: str | None) -> list[str]:
 
 
 @flow(name="eagle3-pipeline", log_prints=True, persist_result=True, flow_run_name=run_name)
+@described
 def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | None = None, store: str | None = None,
                     mode: Literal["local", "deployments"] = "local", pool: str = "local", dataset: str | None = None,
                     spec_url: str | None = None, baseline_url: str | None = None,
                     through: Literal["verify", "gate"] = "gate",
                     reuse: bool = True) -> dict[str, dict[str, Any]] | State:
     """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record
-    (through the gate: as the data of a final state named after the verdict). `reuse=False`: every step
-    as its own run even when its artifact is stored (`flows/reuse.py`)."""
+    (through the gate: as the data of a final state named after the verdict). Every parameter is checked
+    before any step runs: one that does not hold ends the run Failed with one line naming it and the fix."""
+    try:
+        cfg, store_uri = check_pipeline(config=config, overrides=list(overrides or []), store=store, mode=mode,
+                                        pool=pool, spec_url=spec_url, baseline_url=baseline_url, through=through)
+        if dataset:
+            cfg = check_dataset(dataset, config, list(overrides or []) + dataset_overrides(dataset))
+    except BadParameter as err:
+        return refused(err)
+    overrides = list(overrides or []) + dataset_overrides(dataset)
     if mode == "deployments" and pool == LOCAL_POOL:
         warm_up()       # the first step's process imports torch while this run loads its config and store
-    overrides = list(overrides or []) + dataset_overrides(dataset)
-    cfg = load_config(find_config(config), overrides)
-    store_uri = store_uri_for(store, cfg.store)
     done: dict[str, dict[str, Any]] = {}
 
     def step(name: str, key: str | None = None, options: dict[str, Any] | None = None, **inputs: str) -> str:
@@ -165,6 +174,12 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
     decision = serve_benchmark_gate(step, done, export=export, target=target, spec_url=spec_url,
                                     baseline_url=baseline_url)
     return finish(cfg, config, store_uri, done, decision, dataset)
+
+
+def refused(err: BadParameter) -> State:
+    """The run's end when a parameter does not hold: Failed, its message the one line (no traceback)."""
+    get_run_logger().error("%s", err)
+    return Failed(message=str(err), data=Outcome(str(err)))
 
 
 def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: str, target: str,
@@ -207,10 +222,13 @@ def launch_command(cfg: PipelineConfig, config: str, store: Any, export_id: str,
                                            draft_dir=export_dir(store, export_id, "sglang")))
 
 
-#: the run's final state per gate verdict. A verdict about the draft is a normal outcome a Prefect user reads
-#: at a glance (Completed, named after it); one about serving (zero acceptance, production degraded) fails
-#: the run, which also starts the rollback automation.
-STATE_NAMES = {"promote": "Promoted", "current": "Current", "reject": "Rejected"}
+#: the run's final state per gate verdict, named after it. A verdict about the draft is a normal outcome a
+#: Prefect user reads at a glance (Completed); one about serving (zero acceptance, production degraded) fails
+#: the run. Neither moved `production`, so neither starts the rollback automation (it acts on runs tagged
+#: `flows.promotion.MOVED_TAG` only).
+STATE_NAMES = {"promote": "Promoted", "current": "Current", "reject": "Rejected",
+               "zero-acceptance": "ZeroAcceptance", "degraded": "Degraded"}
+COMPLETED_VERDICTS = ("promote", "current", "reject")
 OUTCOMES = {"promote": "promoted", "current": "already in production, and it still holds",
             "reject": "rejected: production stays",
             "degraded": "production no longer holds its recorded numbers behind this server",
@@ -244,8 +262,8 @@ def finish(cfg: PipelineConfig, config: str, store_uri: str, done: dict[str, dic
     # ship them before the final state: `--watch` stops listening a few seconds after a terminal state
     APILogHandler().flush()
     message = " | ".join(lines)
-    if verdict in STATE_NAMES:
+    if verdict in COMPLETED_VERDICTS:
         return Completed(name=STATE_NAMES[verdict], message=message, data=done)
-    # a Failed state's data must be an exception (Prefect raises it for whoever reads the result); the step
-    # records stay in the store and the report
-    return Failed(message=message)
+    # a Failed state's data must be an exception (Prefect raises it for whoever reads the result): an Outcome,
+    # which logs no traceback; the step records stay in the store and the report
+    return Failed(name=STATE_NAMES.get(verdict, "Failed"), message=message, data=Outcome(message))

@@ -2,11 +2,12 @@
 `prefect server start` and a process worker (the `prefect_stack` fixture), every step its own deployment run.
 
 In file order (they share the stack and its store, so later tests reuse earlier artifacts):
+0. a typo'd parameter fails the run before any step, its one line (file, field, fix) as the state message;
 1. a run exits 0 and `production` points at the drafter it built; `--watch` ends with τ, speedup and the
    draft's location; its report and metrics table exist; a challenger the gate rejects ends `Rejected`
    (a Completed state: exit 0, no traceback) and leaves production alone;
 2. zero acceptance forced by a server started with the EAGLE flag: the gate records τ ≤ 1.1 and F1, the
-   run fails, `production` stays, and the report names F1;
+   run fails in a state named `ZeroAcceptance` with no traceback, `production` stays, and the report names F1;
 3. a later run answers the steps already stored in the parent (no child run for them); a run that failed
    at the benchmark, retried, re-runs only the benchmark and what follows (earlier steps show as Cached).
 
@@ -161,6 +162,20 @@ def start_reference_server(stack, port: int, algorithm: str):
 
 # --- the tests --------------------------------------------------------------------------------------------
 
+def test_a_typo_in_a_parameter_fails_the_run_in_one_line_before_any_step(prefect_stack):
+    code, run_id, out = run_pipeline(prefect_stack, 'overrides=["train.lrr=3e-4"]')
+    assert code != 0
+    assert "Traceback" not in out and "unexpected exception" not in out, out[-3000:]
+    with client(prefect_stack) as c:
+        state = c.read_flow_run(run_id).state
+    assert state.type.value == "FAILED", state
+    # the CLI's line: the file, the field, the fix
+    assert state.message.startswith("parameter overrides: ") and "tiny.yaml" in state.message, state.message
+    assert "train.lrr: unknown field" in state.message and "-p overrides=" in state.message, state.message
+    assert state.message in out
+    assert child_runs(prefect_stack, run_id) == {} and task_states(prefect_stack, run_id) == {}
+
+
 def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     code, run_id, out = run_pipeline(prefect_stack)
     assert code == 0, out[-4000:]
@@ -229,6 +244,10 @@ def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
     assert re.search(r"\| F1 \| FAIL \| [^|]*served with --speculative-algorithm EAGLE:", report), report[:3000]
     assert "not applicable here" in report      # a server this run did not start is not restarted by it
     assert wait_final(prefect_stack, run_id) == "FAILED"
+    # an expected verdict: a state named after it, its lines once, no traceback
+    with client(prefect_stack) as c:
+        assert c.read_flow_run(run_id).state.name == "ZeroAcceptance"
+    assert "Traceback" not in out and "unexpected exception" not in out, out[-3000:]
     children = child_runs(prefect_stack, run_id)
     assert children["gate"] == ["Completed"]   # the gate decided; the pipeline refused
     # the first test stored target..verify for this config: answered in the parent, no child run each

@@ -200,10 +200,16 @@ def test_s3_uri_gives_bucket_prefix_and_endpoint(monkeypatch: pytest.MonkeyPatch
     assert store.artifact_uri("draft", "abc") == "s3://my-bucket/runs/a/artifacts/draft/abc"
 
 
-@pytest.mark.parametrize("uri, fragment", [("http://host/x", "expected file://PATH or s3://BUCKET/PREFIX"),
+def test_a_plain_folder_path_is_a_file_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """What the store prints (`/abs/store`, or the folder of a `file://` URI) is accepted back as --store."""
+    monkeypatch.chdir(tmp_path)
+    assert open_store("rel/store", cache_dir=tmp_path / "c").uri == f"file://{(tmp_path / 'rel/store').resolve()}"
+    assert open_store(str(tmp_path / "abs"), cache_dir=tmp_path / "c").backend.root == tmp_path / "abs"
+
+
+@pytest.mark.parametrize("uri, fragment", [("http://host/x", "expected file://PATH, a folder path or s3://"),
                                            ("s3:///no-bucket", "needs a bucket"),
-                                           ("file://", "needs a folder"),
-                                           ("out/store", "expected file://PATH")])
+                                           ("file://", "needs a folder")])
 def test_bad_store_uris_are_refused(uri: str, fragment: str, tmp_path: Path):
     with pytest.raises(ValueError, match=fragment):
         open_store(uri, cache_dir=tmp_path)
