@@ -23,13 +23,16 @@ the verdict, τ, speedup and where the export is.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
+from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE
 from prefect.context import TaskRunContext
 from prefect.deployments import run_deployment
+from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Completed, Failed, State
 
@@ -101,6 +104,29 @@ def _run_call(step: str, config: str, overrides: list[str], store: str | None, i
     return child_state.result()
 
 
+@contextmanager
+def cancelled_not_crashed() -> Iterator[None]:
+    """A cancelled run's running step task ends `Cancelled`, like the run and the step's own run: Prefect
+    3.9.1's task engine calls every TerminationSignal a crash (its flow engine tells a cancel apart), and a
+    Crashed task counts as a failure on the dashboard. The run's own state (Cancelling) says it was a cancel."""
+    try:
+        yield
+    except TerminationSignal:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+        from prefect.states import Cancelled
+
+        run_id = current_flow_run_id()
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(UUID(run_id)).state if run_id else None
+            if state is not None and (state.is_cancelling() or state.is_cancelled()):
+                crashed = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])))
+                for task_run in crashed:
+                    if task_run.state and task_run.state.is_crashed():
+                        client.set_task_run_state(task_run.id, Cancelled(message="the run was cancelled"), force=True)
+        raise
+
+
 def outside_task(call: Callable[[], Any]) -> Any:
     """`call()` without this task's run context: a subflow started inside a task still sees the task's
     context, so Prefect would file the step's logs under the parent's task run instead of the step's run."""
@@ -154,8 +180,9 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
         # decided in this process rather than in a child run of its own
         stored = any(r["id"] == inputs.get("benchmark") and r.get("reused") for r in done.values())
         call_mode = "local" if name == "gate" and stored else mode
-        record = step_task(key or name, name, config, overrides, store_uri, inputs, options or {}, call_mode, pool,
-                           reuse)
+        with cancelled_not_crashed():
+            record = step_task(key or name, name, config, overrides, store_uri, inputs, options or {}, call_mode,
+                               pool, reuse)
         done[key or name] = record
         return record["id"]
 

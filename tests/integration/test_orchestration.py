@@ -254,6 +254,36 @@ def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
     assert not {"target", "datagen", "extract", "mapping", "train", "export", "verify"} & set(children), children
 
 
+def test_a_cancelled_run_is_cancelled_down_the_tree_and_starts_no_rollback(prefect_stack):
+    """`prefect flow-run cancel` while a step runs: the run, the step's own run and its task end `Cancelled`
+    (Prefect acknowledges the cancel only while its SIGTERM handler is in place), never `Crashed`."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with client(prefect_stack) as c:
+        deployment = c.read_deployment_by_name(DEPLOYMENT)
+        # reuse=false: every step a child run of its own, so there is one to be running when the cancel lands
+        run = c.create_flow_run_from_deployment(deployment.id, parameters={"store": prefect_stack.store_uri,
+                                                                            "reuse": False})
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            children = c.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+            if any(r.state and r.state.is_running() for r in children):
+                break
+            time.sleep(1)
+    cancel = prefect(prefect_stack, "flow-run", "cancel", str(run.id), timeout=120)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert wait_final(prefect_stack, run.id) == "CANCELLED"
+    children = child_runs(prefect_stack, run.id)
+    assert children and all(states[-1] in ("Completed", "Cancelled") for states in children.values()), children
+    assert "Cancelled" in {states[-1] for states in children.values()}, children
+    tasks = task_states(prefect_stack, run.id)
+    assert all(states[-1] in ("Completed", "Cached", "Cancelled") for states in tasks.values()), tasks
+    with client(prefect_stack) as c:
+        rollbacks = c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["eaglenest-rollback"])))
+    assert f"prefect.flow-run.{run.id}" not in [r.parameters.get("flow_run_id") for r in rollbacks]
+
+
 def test_retry_after_a_benchmark_failure_reruns_only_what_failed(prefect_stack):
     port = free_port()                      # nothing listens yet: the benchmark fails
     # reuse=false: every step a child run even though its artifact is stored, so the retry's children show
