@@ -34,6 +34,7 @@ from typing import Any
 from steps.lib.artifacts import conversations_path, inference_device, load_target, load_tokenizer
 from steps.lib.config import DatagenConfig, PipelineConfig
 from steps.lib.data.prompts import load_prompts, source_files_sha256
+from steps.lib.data.size import answers_needed, size_warning
 from steps.lib.http import get_json, post_json
 from steps.lib.model.decode import cpu_threads, decode, sampling_generator, torch_threads
 from steps.lib.runtime import progress
@@ -348,6 +349,9 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     prompts that still failed are named in a MissingAnswers error; the next run asks only for them.
     """
     prompts = with_samples(load_prompts(cfg.dataset, cfg.seed, cfg.datagen.max_prompt_tokens), cfg.datagen)
+    small = size_warning(len(prompts), cfg, what="datagen")    # said before the target spends time on it
+    if small:
+        log.warning("%s", small)
     # a chunk holds at least one full batch (a GPU decodes hundreds of rows at once)
     chunk_prompts = chunk_prompts or max(CHUNK_PROMPTS, cfg.datagen.batch_size)
     identity = dataset_identity(cfg, prompts, chunk_prompts)
@@ -380,8 +384,9 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
         raise RuntimeError(f"datagen: no prompt of {len(prompts)} got a usable answer ({metrics['skipped']} too "
                            f"long, {metrics['empty']} empty)")
     # the device a local backend decoded on: its generator draws the sampled answers (`sampling_generator`)
-    return writer.commit(metrics=metrics, meta={"backend": cfg.datagen.backend, "device": device,
-                                                "chunks": len(chunk_stats)})
+    return writer.commit(metrics={**metrics, "answers_needed": answers_needed(cfg)},
+                         meta={"backend": cfg.datagen.backend, "device": device, "chunks": len(chunk_stats),
+                               "size_warning": size_warning(metrics["ok"], cfg, what="datagen")})
 
 
 def main(argv: list[str] | None = None) -> int:
