@@ -273,8 +273,11 @@ def finish(cfg: PipelineConfig, config: str, store_uri: str, done: dict[str, dic
                                 "config": config_name})
     bench = next(r for k, r in reversed(done.items()) if k.startswith("benchmark"))
     plot = store.fetch_file("benchmark", bench["id"], "benchmark.png").read_bytes()
+    # a launch line only for a draft the gate let through: a refused one is not for serving
+    launch = launch_command(cfg, config, store, done["export"]["id"], done["target"]["id"]) \
+        if verdict in ("promote", "current") else None
     result = ui.run_result(done, decision, export_uri=store.artifact_uri("export", done["export"]["id"]),
-                           launch=launch_command(cfg, config, store, done["export"]["id"], done["target"]["id"]))
+                           launch=launch)
     report = ui.run_report(config_name, done, dataset=dataset, decision=decision,
                            production=store.get_alias("production"), plot_png=plot,
                            outcome=OUTCOMES.get(verdict, verdict), result=result)

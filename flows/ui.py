@@ -27,6 +27,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from steps.lib.checks.tau import read_no_acceptance
 from steps.lib.runtime.progress import Update, clock
 from steps.lib.runtime.redaction import redact, redact_text
 
@@ -158,7 +159,10 @@ def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, 
     candidate = decision.get("candidate") or {}
     offline = (records.get("verify") or {}).get("metrics", {})
     failing = [f["id"] for f in decision.get("diagnosis", []) if f["status"] == "fail"]
-    return {"verdict": decision["verdict"], "reasons": list(decision.get("reasons", [])),
+    data = (records.get("datagen") or {}).get("metrics", {})
+    reading = None if decision["verdict"] != "zero-acceptance" else read_no_acceptance(
+        candidate.get("tau"), offline.get("tau"), failing, answers=data.get("ok"), needed=data.get("answers_needed"))
+    return {"verdict": decision["verdict"], "reasons": list(decision.get("reasons", [])), "diagnosis": reading,
             "tau_live": candidate.get("tau"), "speedup_live": candidate.get("speedup"),
             "tau_offline": offline.get("tau"),
             "speedup_offline": offline.get("speedup"),
@@ -169,6 +173,7 @@ def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, 
 def result_lines(result: dict[str, Any]) -> list[str]:
     """The run's closing log lines (what `prefect deployment run --watch` ends with)."""
     lines = [f"gate: {result['verdict']}: " + "; ".join(result["reasons"]),
+             *([f"diagnosis: {result['diagnosis']}"] if result.get("diagnosis") else []),
              f"τ {_num(result['tau_live'], 3)} live, {_num(result['tau_offline'], 3)} offline (reference engine, "
              f"held-out prompts); speedup {_num(result['speedup_live'], 2, 'x')} live, "
              f"{_num(result['speedup_offline'], 2, 'x')} offline",

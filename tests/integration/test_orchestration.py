@@ -215,6 +215,7 @@ def test_a_challenger_the_gate_rejects_ends_rejected_not_failed(prefect_stack):
     assert "finished successfully in 'Rejected'" in out, out[-3000:]
     assert re.search(r"gate: reject: live τ \d\.\d{3} < gate\.min_tau 5", out), out[-3000:]
     assert "Traceback" not in out, out[-3000:]
+    assert "serve it:" not in out, out[-3000:]       # no launch line for a draft the gate refused
     assert store.get_alias("production") == before
     with client(prefect_stack) as c:
         state = c.read_flow_run(run_id).state

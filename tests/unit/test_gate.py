@@ -40,6 +40,12 @@ def test_zero_acceptance_is_its_own_verdict():
     assert decide(GATE, {"tau": 1.1, "speedup": 0.6}, {}, None)[0] == "zero-acceptance"
 
 
+def test_the_zero_acceptance_reason_is_worded_for_the_measured_tau():
+    assert decide(GATE, {"tau": 1.0, "speedup": 0.6}, {}, None)[1] == ["live τ 1.000 ≤ 1.1: every draft token rejected"]
+    (reason,) = decide(GATE, {"tau": 1.077, "speedup": 0.6}, {}, None)[1]
+    assert reason == "live τ 1.077 ≤ 1.1: almost every draft token rejected (0.077 accepted per verify step)"
+
+
 def test_a_set_losing_more_than_two_percent_blocks_promotion():
     champion = {"T=0.0 bs=1": {"tau": 2.0, "speedup": 1.50}, "T=0.0 bs=4": {"tau": 2.0, "speedup": 1.20}}
     within = {"T=0.0 bs=1": {"tau": 1.99, "speedup": 1.48}, "T=0.0 bs=4": {"tau": 2.1, "speedup": 1.19}}
@@ -231,5 +237,25 @@ def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
             "diagnosis": [{"id": "F1", "status": "fail"}, {"id": "F2", "status": "pass"}],
             "fix": {"how": "restart with --speculative-algorithm EAGLE3"}}
     lines = result_lines(run_result({}, zero, export_uri="s3://b/artifacts/export/e2"))
-    assert lines[1].startswith("τ 1.000 live, n/a offline") and "speedup n/a live" in lines[1]
+    assert lines[1] == "diagnosis: the doctor names F1: the checkpoint or the server is wrong, not the training — " \
+                       "fix F1 first"
+    assert lines[2].startswith("τ 1.000 live, n/a offline") and "speedup n/a live" in lines[2]
     assert lines[-1] == ("doctor: F1 failing (docs/FAILURES.md); fix: restart with --speculative-algorithm EAGLE3")
+
+
+def test_zero_acceptance_reads_offline_against_live_and_the_doctor_as_a_diagnosis():
+    """The 32-prompt upload's run: offline ≈ live, every check passing — too little data, said with the numbers;
+    a good draft served wrong — the serving; a failing row — that row."""
+    from flows.ui import run_result
+
+    records = {"verify": {"metrics": {"tau": 1.0811}}, "datagen": {"metrics": {"ok": 32, "answers_needed": 327}}}
+    zero = {"verdict": "zero-acceptance", "reasons": ["live τ 1.077 ≤ 1.1"], "candidate": {"tau": 1.077},
+            "diagnosis": [{"id": "F1", "status": "pass"}, {"id": "F2", "status": "pass"}], "fix": None}
+    assert run_result(records, zero, export_uri="u")["diagnosis"] == (
+        "offline τ 1.08 ≈ live τ 1.08 and every doctor check passes: the serving is right, the draft learned too "
+        "little from 32 answers (its config needs ~327) — add data (more prompts, datagen.samples_per_prompt) or "
+        "train longer (train.epochs)")
+    served_wrong = {**zero, "candidate": {"tau": 1.0}}
+    assert "the draft is good and the serving loses it (F9)" in run_result(
+        {"verify": {"metrics": {"tau": 1.45}}}, served_wrong, export_uri="u")["diagnosis"]
+    assert run_result(records, {**zero, "verdict": "reject"}, export_uri="u")["diagnosis"] is None
