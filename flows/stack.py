@@ -48,6 +48,7 @@ from flows.prefect_setup import (
     pools_for,
     save_result_storage,
 )
+from steps.lib.home import under_home
 from steps.lib.runtime.processes import spawn as spawn_process
 from steps.lib.runtime.processes import stop_group, wait_until
 
@@ -167,7 +168,7 @@ class Stack:
     sensor's interval schedule from starting runs (tests start what they need themselves).
     """
 
-    dir: Path = Path("out/stack")
+    dir: Path = field(default_factory=lambda: under_home("out/stack"))
     port: int = 4200
     store_uri: str | None = None
     ui: bool = True

@@ -37,6 +37,7 @@ from typing import Any
 
 from steps.lib.config import DatagenConfig, DatasetConfig, InputError, PipelineConfig, PromptSource
 from steps.lib.data.topics import load_pydoc, load_topics
+from steps.lib.home import local_path
 from steps.lib.store import content_sha256, open_store
 
 #: data files inside the installed packages (located with find_spec; the packages are not imported).
@@ -352,7 +353,7 @@ def dataset_file(path: str) -> Path:
     if "://" not in path:
         return Path(path)
     if path.startswith("file://") and "/datasets/" not in path:   # a local file as a URI, as paths are printed
-        return Path(path.removeprefix("file://"))
+        return local_path(path)
     root, key = split_dataset_uri(path)
     return open_store(root).fetch_object(key)
 
