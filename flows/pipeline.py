@@ -247,6 +247,25 @@ def launch_command(cfg: PipelineConfig, config: str, store: Any, export_id: str,
                                            draft_dir=export_dir(store, export_id, "sglang")))
 
 
+def write_launch(store: Any, export_id: str, command: str) -> str:
+    """The SGLang launch command as a script beside the export's artifacts (`<store>/launch/<id>-sglang.sh`,
+    a file store's): a log line names it, short enough that `--watch` does not wrap it. Its local path."""
+    import tempfile
+    from pathlib import Path
+
+    key = f"{LAUNCH_PREFIX}/{export_id}-sglang.sh"
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "launch.sh"
+        script.write_text(f"#!/bin/sh\n# SGLang serving export {export_id} (eaglenest; flags derived from the export)\n"
+                          f"exec {command}\n")
+        store.put_object(key, script)
+    return store.object_uri(key).removeprefix("file://")
+
+
+#: where `write_launch` puts launch scripts under the store root (beside artifacts/, aliases/, calls/)
+LAUNCH_PREFIX = "launch"
+
+
 #: the run's final state per gate verdict, named after it. A verdict about the draft is a normal outcome a
 #: Prefect user reads at a glance (Completed); one about serving (zero acceptance, production degraded) fails
 #: the run. Neither moved `production`, so neither starts the rollback automation (it acts on runs tagged
@@ -276,20 +295,21 @@ def finish(cfg: PipelineConfig, config: str, store_uri: str, done: dict[str, dic
     # a launch line only for a draft the gate let through: a refused one is not for serving
     launch = launch_command(cfg, config, store, done["export"]["id"], done["target"]["id"]) \
         if verdict in ("promote", "current") else None
+    launch_file = write_launch(store, done["export"]["id"], launch) if launch and store.uri.startswith("file://") \
+        else None
     result = ui.run_result(done, decision, export_uri=store.artifact_uri("export", done["export"]["id"]),
-                           launch=launch)
+                           launch=launch, launch_file=launch_file)
     report = ui.run_report(config_name, done, dataset=dataset, decision=decision,
                            production=store.get_alias("production"), plot_png=plot,
                            outcome=OUTCOMES.get(verdict, verdict), result=result)
     ui.metrics_table(done, config_name)
-    ui.publish_report(config_name, report)
-    lines = ui.result_lines(result)
+    result["report"] = ui.publish_report(config_name, report)
     logger = get_run_logger()
-    for line in lines:       # the last lines of the run's log: what `prefect deployment run --watch` ends with
+    for line in ui.result_lines(result):   # the last lines of the log: what `prefect deployment run --watch` ends with
         logger.info(line)
     # ship them before the final state: `--watch` stops listening a few seconds after a terminal state
     APILogHandler().flush()
-    message = " | ".join(lines)
+    message = ui.state_message(result)     # the run's header in the UI: verdict, τ, the draft, the report
     if verdict in COMPLETED_VERDICTS:
         return Completed(name=STATE_NAMES[verdict], message=message, data=done)
     # a Failed state's data must be an exception (Prefect raises it for whoever reads the result): an Outcome,

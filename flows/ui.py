@@ -153,7 +153,7 @@ def _fmt(v: Any) -> Any:
 
 
 def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, export_uri: str,
-               launch: str | None = None) -> dict[str, Any]:
+               launch: str | None = None, launch_file: str | None = None) -> dict[str, Any]:
     """What a user wants from a finished run: the verdict and why, live and offline numbers (named as such),
     and where the exported drafter is."""
     candidate = decision.get("candidate") or {}
@@ -166,19 +166,39 @@ def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, 
             "tau_live": candidate.get("tau"), "speedup_live": candidate.get("speedup"),
             "tau_offline": offline.get("tau"),
             "speedup_offline": offline.get("speedup"),
-            "export": export_uri, "sglang": f"{export_uri}/sglang", "vllm": f"{export_uri}/vllm",
-            "doctor": failing, "fix": (decision.get("fix") or {}).get("how"), "launch": launch}
+            "export": export_uri, "sglang": f"{shown(export_uri)}/sglang", "vllm": f"{shown(export_uri)}/vllm",
+            "doctor": failing, "fix": (decision.get("fix") or {}).get("how"), "launch": launch,
+            "launch_file": launch_file, "report": None}
+
+
+def shown(uri: str) -> str:
+    """A location as a user pastes it: a file store's as its absolute path, anything else as its URI."""
+    return uri.removeprefix("file://") if uri.startswith("file:///") else uri
+
+
+def state_message(result: dict[str, Any]) -> str:
+    """The run's state message (the UI's run header, `--watch`'s last line): verdict, τ, the draft or the
+    diagnosis, the report. Short: the full lines are the log's."""
+    parts = [f"{result['verdict']}: live τ {_num(result['tau_live'], 3)} (offline {_num(result['tau_offline'], 3)}), "
+             f"speedup {_num(result['speedup_live'], 2, 'x')}"]
+    parts.append(result["diagnosis"] if result.get("diagnosis") else f"draft {result['sglang']}")
+    if result.get("report"):
+        parts.append(f"report {result['report']}")
+    return "; ".join(parts)
 
 
 def result_lines(result: dict[str, Any]) -> list[str]:
     """The run's closing log lines (what `prefect deployment run --watch` ends with)."""
-    lines = [f"gate: {result['verdict']}: " + "; ".join(result["reasons"]),
+    lines = [*([f"report: {result['report']}"] if result.get("report") else []),
+             f"gate: {result['verdict']}: " + "; ".join(result["reasons"]),
              *([f"diagnosis: {result['diagnosis']}"] if result.get("diagnosis") else []),
              f"τ {_num(result['tau_live'], 3)} live, {_num(result['tau_offline'], 3)} offline (reference engine, "
              f"held-out prompts); speedup {_num(result['speedup_live'], 2, 'x')} live, "
              f"{_num(result['speedup_offline'], 2, 'x')} offline",
              f"draft: {result['sglang']} (SGLang), {result['vllm']} (vLLM)"]
-    if result.get("launch"):
+    if result.get("launch_file"):
+        lines.append(f"serve it: sh {result['launch_file']}")
+    elif result.get("launch"):
         lines.append(f"serve it: {result['launch']}")
     if result["doctor"]:
         lines.append(f"doctor: {', '.join(result['doctor'])} failing (docs/FAILURES.md)"
@@ -197,6 +217,8 @@ def run_report(config_name: str, records: dict[str, dict[str, Any]], *, dataset:
     lines = [f"# eagle3-pipeline `{config_name}`: {outcome}", ""]
     if result:
         lines += ["## Result", "", *[f"- {line}" for line in result_lines(result)], ""]
+        if result.get("launch"):
+            lines += ["```sh", result["launch"], "```", ""]
     lines += ["## Lineage", "", f"dataset source: `{dataset or 'the config dataset.sources'}`", "",
               "| step | artifact | seconds | URI |", "|---|---|---|---|"]
     lines += [f"| {n} | `{r['kind']}/{r['id']}` | {r['seconds']} | `{r['uri']}` |" for n, r in records.items()]
@@ -227,6 +249,11 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def publish_report(config_name: str, markdown: str) -> None:
-    create_markdown_artifact(redact_text(markdown), key=artifact_key("report", config_name),
-                             description="lineage, gate decision, diagnosis and benchmark of this run")
+def publish_report(config_name: str, markdown: str) -> str | None:
+    """Publish the run report; its address in the Prefect UI (None where no UI address is known)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    artifact_id = create_markdown_artifact(redact_text(markdown), key=artifact_key("report", config_name),
+                                           description="lineage, gate decision, diagnosis and benchmark of this run")
+    ui_url = PREFECT_UI_URL.value()
+    return f"{ui_url.rstrip('/')}/artifacts/artifact/{artifact_id}" if ui_url and artifact_id else None

@@ -186,14 +186,23 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     assert production["id"] == exports[0] and production["meta"]["flow_run_id"] == str(run_id)
     assert production["meta"]["tau"] > 1.1
     # where the user looks: `--watch` ends with the verdict, τ, speedup and the draft's locations
-    export_uri = store.artifact_uri("export", exports[0])
+    export_dir = store.artifact_uri("export", exports[0]).removeprefix("file://")
     tail = out[out.index("gate: promote"):] if "gate: promote" in out else out[-3000:]
     assert f"τ {production['meta']['tau']:.3f} live" in tail, tail
-    assert f"draft: {export_uri}/sglang (SGLang), {export_uri}/vllm (vLLM)" in tail, tail
+    assert f"draft: {export_dir}/sglang (SGLang), {export_dir}/vllm (vLLM)" in tail, tail
     assert "finished successfully in 'Promoted'" in tail, tail
-    launch = re.search(r"serve it: (.*sglang\.launch_server.*)", tail)
-    assert launch and f"--speculative-draft-model-path {export_uri.removeprefix('file://')}/sglang" in launch[1], tail
-    assert "--speculative-algorithm EAGLE3" in launch[1], tail
+    # the launch command in a script beside the export (a log line `--watch` does not wrap), said once
+    script = re.search(r"serve it: sh (\S+)", tail)
+    assert script and tail.count("serve it:") == 1, tail
+    launch = Path(script[1]).read_text()
+    assert f"--speculative-draft-model-path {export_dir}/sglang" in launch and "sglang.launch_server" in launch
+    assert "--speculative-algorithm EAGLE3" in launch, launch
+    # the run's header: verdict, τ, the draft and a link to the report, the report's first line its link
+    with client(prefect_stack) as c:
+        message = c.read_flow_run(run_id).state.message
+    assert message.startswith(f"promote: live τ {production['meta']['tau']:.3f}"), message
+    assert f"draft {export_dir}/sglang" in message and "/artifacts/artifact/" in message, message
+    assert re.search(r"report: http://127\.0\.0\.1:\d+/artifacts/artifact/[0-9a-f-]{36}", out), tail
     children = child_runs(prefect_stack, run_id)
     assert set(children) >= {"target", "datagen", "extract", "mapping", "train", "export", "verify", "serve",
                              "benchmark", "gate"}, children

@@ -220,7 +220,7 @@ def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world
 
 
 def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
-    from flows.ui import result_lines, run_result
+    from flows.ui import result_lines, run_result, state_message
 
     records = {"verify": {"metrics": {"tau": 1.6721311, "speedup": 0.41}}}
     decision = {"verdict": "reject", "reasons": ["live τ 1.338 < gate.min_tau 5.0"],
@@ -232,7 +232,14 @@ def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
     assert result_lines(result) == [
         "gate: reject: live τ 1.338 < gate.min_tau 5.0",
         "τ 1.338 live, 1.672 offline (reference engine, held-out prompts); speedup 0.38x live, 0.41x offline",
-        "draft: file:///s/artifacts/export/e1/sglang (SGLang), file:///s/artifacts/export/e1/vllm (vLLM)"]
+        "draft: /s/artifacts/export/e1/sglang (SGLang), /s/artifacts/export/e1/vllm (vLLM)"]   # pasted as paths
+    # the UI's run header and `--watch`'s last line: one short line, the launch command left to the log
+    long = run_result(records, decision, export_uri="file:///s/artifacts/export/e1", launch="python -m " + "x" * 400,
+                      launch_file="/s/launch/e1-sglang.sh")
+    assert result_lines(long)[-1] == "serve it: sh /s/launch/e1-sglang.sh"
+    assert state_message({**long, "report": "http://127.0.0.1:4200/artifacts/artifact/a1"}) == (
+        "reject: live τ 1.338 (offline 1.672), speedup 0.38x; draft /s/artifacts/export/e1/sglang; "
+        "report http://127.0.0.1:4200/artifacts/artifact/a1")
     zero = {"verdict": "zero-acceptance", "reasons": ["live τ 1.000 ≤ 1.1"], "candidate": {"tau": 1.0},
             "diagnosis": [{"id": "F1", "status": "fail"}, {"id": "F2", "status": "pass"}],
             "fix": {"how": "restart with --speculative-algorithm EAGLE3"}}
