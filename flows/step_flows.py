@@ -44,7 +44,7 @@ def run_step_reporting(step: str, config: str, overrides: list[str] | None, stor
     logger = get_run_logger()
     cfg, store = open_config(config, overrides, store_uri)
     logger.info("%s: started (%s)", step, ", ".join(f"{k} {v}" for k, v in inputs.items()) or "no inputs")
-    listener = ProgressArtifacts(step, log=logger.info)
+    listener = ProgressArtifacts(step, cfg.name, log=logger.info)
     if isolated:
         record = run_step_process(step, str(find_config(config).resolve()), overrides, store.uri, inputs, options,
                                   log=logger.info, on_progress=listener)

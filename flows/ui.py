@@ -10,7 +10,10 @@
   decision with its reasons, the doctor's findings when acceptance was zero, the server start
   attempts (F6 retries), and the benchmark plot inline.
 
-Keys are per config (`eagle3-report-tiny`), so the Artifacts page keeps one history per pipeline.
+Keys are per config and in pipeline order (`eagle3-tiny-00-report`, `eagle3-tiny-00-metrics`,
+`eagle3-tiny-02-datagen-progress`, ..., `eagle3-tiny-08-benchmark-plot`): the Artifacts page, sorted by key,
+lists a pipeline's artifacts together, its report first and each step's in the order the steps run, and keeps
+one history per key.
 """
 
 from __future__ import annotations
@@ -30,23 +33,26 @@ from prefect.artifacts import (
 from steps.lib.checks.tau import read_no_acceptance
 from steps.lib.runtime.progress import Update, clock
 from steps.lib.runtime.redaction import redact, redact_text
+from steps.registry import STEPS
 
 #: headline metrics shown per step in the table (the rest stays in the manifest).
 HEADLINE = ("ok", "tokens", "tokens_per_s", "coverage", "steps", "final_loss", "tau",
             "speedup", "smoke_tau", "attempts", "verdict")
 
 
-def artifact_key(kind: str, config_name: str) -> str:
-    """Prefect artifact keys: lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"eagle3-{kind}-{config_name}".lower()).strip("-")
+def artifact_key(kind: str, config_name: str, step: str | None = None) -> str:
+    """`eagle3-<config>-<NN>-<step>-<kind>`, NN the step's place in the chain (00: the run's own, before every
+    step); Prefect artifact keys are lowercase letters, digits and dashes only."""
+    order = f"{list(STEPS).index(step) + 1:02d}-{step}" if step else "00"
+    return re.sub(r"[^a-z0-9-]+", "-", f"eagle3-{config_name}-{order}-{kind}".lower()).strip("-")
 
 
 class ProgressArtifacts:
     """A `steps.lib.runtime.progress` listener: one progress artifact per bar, keyed by step and bar (not a UUID),
     updated in place; a plain log line at every 10% (and the end) through `log`."""
 
-    def __init__(self, step: str, log: Callable[[str], None] | None = None):
-        self.step, self.log = step, log
+    def __init__(self, step: str, config_name: str, log: Callable[[str], None] | None = None):
+        self.step, self.config_name, self.log = step, config_name, log
         self.ids: dict[str, Any] = {}
         self.logged: dict[str, int] = {}
 
@@ -54,7 +60,8 @@ class ProgressArtifacts:
         percent = 100.0 * update.fraction
         text = progress_markdown(self.step, update)
         if update.desc not in self.ids:
-            key = artifact_key("progress", self.step if update.desc == self.step else f"{self.step}-{update.desc}")
+            kind = "progress" if update.desc == self.step else f"{update.desc}-progress"
+            key = artifact_key(kind, self.config_name, self.step)
             self.ids[update.desc] = create_progress_artifact(percent, key=key, description=text)
         else:
             update_progress_artifact(self.ids[update.desc], percent, description=text)
@@ -80,18 +87,18 @@ def step_artifacts(step: str, record: dict[str, Any], config_name: str, *, plot_
                    train_log: list[dict[str, Any]] | None = None) -> list[str]:
     """Publish a step run's artifacts: its metrics (every scalar of the manifest), the benchmark plot, the
     training curves. Returns the keys published."""
-    key = artifact_key(f"{step}-metrics", config_name)
+    key = artifact_key("metrics", config_name, step)
     rows = [{"metric": k, "value": _fmt(v)} for k, v in record["metrics"].items() if _scalar(v)]
     rows.append({"metric": "seconds", "value": record["seconds"]})
     create_table_artifact(redact(rows), key=key,
                           description=redact_text(f"`{step}` → `{record['kind']}/{record['id']}` ({record['uri']})"))
     keys = [key]
     if plot_png:
-        keys.append(artifact_key(f"{step}-plot", config_name))
+        keys.append(artifact_key("plot", config_name, step))
         create_markdown_artifact(f"# {step} `{record['id']}`\n\n![{step}]({png_uri(plot_png)})\n", key=keys[-1],
                                  description=f"{step}: τ, throughput and latency, speculative vs baseline")
     if train_log:
-        keys.append(artifact_key(f"{step}-curves", config_name))
+        keys.append(artifact_key("curves", config_name, step))
         create_markdown_artifact(training_curves(train_log, record["id"]), key=keys[-1],
                                  description="training loss (and simulated τ) per optimizer step")
     return keys

@@ -105,7 +105,7 @@ def wait_final(stack, flow_run_id: UUID, timeout_s: float = RUN_TIMEOUT_S) -> st
 def report_markdown(stack) -> str:
     with client(stack) as c:
         art = c.read_latest_artifacts()  # one per key, newest version
-    found = [a for a in art if a.key == "eagle3-report-tiny"]
+    found = [a for a in art if a.key == "eagle3-tiny-00-report"]
     assert found, [a.key for a in art]
     return str(found[0].data)
 
@@ -128,8 +128,8 @@ def progress_artifacts(stack, flow_run_id: UUID) -> dict[str, float]:
             flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in children])))
     best: dict[str, float] = {}
     for a in arts:
-        assert a.key and a.key.startswith("eagle3-progress-"), (a.key, a.description)   # titled by step
-        name = a.key.removeprefix("eagle3-progress-")
+        assert a.key and re.fullmatch(r"eagle3-tiny-\d\d-[a-z]+-progress", a.key), (a.key, a.description)
+        name = a.key.split("-")[3]      # titled by step, in pipeline order
         best[name] = max(best.get(name, 0.0), float(a.data))
     return best
 

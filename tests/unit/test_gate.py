@@ -90,7 +90,12 @@ def test_run_report_names_the_lineage_the_verdict_and_the_doctor_rows():
     assert "not applicable here" in md
     assert "| True | timeout | 60 |" in md and "| False | healthy | 9 |" in md
     assert "data:image/png;base64," in md
-    assert artifact_key("report", "Llama-3.1 8B") == "eagle3-report-llama-3-1-8b"
+    assert artifact_key("report", "Llama-3.1 8B") == "eagle3-llama-3-1-8b-00-report"
+    # sorted by key, a pipeline's artifacts read in the order its steps run, the report first
+    keys = [artifact_key("metrics", "tiny", s) for s in ("benchmark", "target", "gate", "datagen")]
+    assert sorted([*keys, artifact_key("report", "tiny")]) == [
+        "eagle3-tiny-00-report", "eagle3-tiny-01-target-metrics", "eagle3-tiny-02-datagen-metrics",
+        "eagle3-tiny-09-benchmark-metrics", "eagle3-tiny-10-gate-metrics"]
 
 
 def test_production_re_measured_below_its_own_record_is_degraded_not_current():
