@@ -37,7 +37,15 @@ from prefect.logging.handlers import APILogHandler
 from prefect.states import Completed, Failed, State
 
 from flows import ui
-from flows.parameters import BadParameter, Outcome, check_dataset, check_pipeline, described, install_quiet_outcomes
+from flows.parameters import (
+    BadParameter,
+    Outcome,
+    Refused,
+    check_dataset,
+    check_pipeline,
+    described,
+    install_quiet_outcomes,
+)
 from flows.promotion import current_flow_run_id, promote_in_transaction
 from flows.reuse import remember, resolve
 from flows.step_flows import flow_of, run_step_reporting
@@ -204,7 +212,7 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
 def refused(err: BadParameter) -> State:
     """The run's end when a parameter does not hold: Failed, its message the one line (no traceback)."""
     get_run_logger().error("%s", err)
-    return Failed(message=str(err), data=Outcome(str(err)))
+    return Failed(message=str(err), data=Refused(str(err)))
 
 
 def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: str, target: str,

@@ -23,7 +23,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
-from flows.parameters import BadParameter, Outcome, check_config, check_store, described, install_quiet_outcomes
+from flows.parameters import BadParameter, Refused, check_config, check_store, described, install_quiet_outcomes
 from flows.step_process import run_step_process
 from flows.ui import ProgressArtifacts, step_artifacts
 from steps.lib.artifacts import DRAFT_LOG_FILE
@@ -85,7 +85,7 @@ def _step_flow(step: str):
             check_store(store, check_config(config, overrides))
         except BadParameter as err:   # one line as the run's message, before the step starts
             get_run_logger().error("%s", err)
-            return Failed(message=str(err), data=Outcome(str(err)))
+            return Failed(message=str(err), data=Refused(str(err)))
         return run_step_reporting(step, config, overrides, store, inputs or {}, options, isolated=isolated)
 
     # one function name per step: Prefect keys a subflow's run in its parent by the function's name and code,

@@ -41,7 +41,7 @@ def check(tmp_path, **changes):
 
 
 @pytest.mark.parametrize("changes, name, says", [
-    ({"config": "tiniy"}, "config", ["tiniy.yaml: config file not found", "tiny", "smollm2-135m", "-p config="]),
+    ({"config": "tiniy"}, "config", ["tiniy.yaml: config file not found", "tiny", "smollm2-135m", "-p config=NAME"]),
     ({"overrides": ["train.lrr=3e-4"]}, "overrides", ["tiny.yaml", "train.lrr: unknown field", "-p overrides="]),
     ({"overrides": ["train.lr=-1"]}, "overrides", ["train.lr", "-p overrides="]),
     ({"store": "ftp://host/x"}, "store", ["ftp://host/x", "-p store=file:///abs/path"]),
@@ -72,6 +72,14 @@ def test_the_pipeline_refuses_a_typo_before_any_step_with_its_one_line_as_the_fa
     assert state.is_failed() and state.message.startswith("parameter overrides: ")
     assert isinstance(state.data, Outcome)
     assert not (tmp_path / "store" / "artifacts").exists()      # no step ran
+
+
+def test_eaglenest_pipeline_prints_a_refused_parameter_as_one_line_and_exits_2(capsys):
+    from flows import pipeline_cli
+
+    assert pipeline_cli.main(["--config", "tiniy"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("eaglenest pipeline: parameter config: ") and "Traceback" not in "\n".join(err), err
 
 
 def test_an_outcome_reaching_the_engine_logs_no_traceback():
