@@ -184,14 +184,14 @@ def shown(uri: str) -> str:
 
 
 def state_message(result: dict[str, Any]) -> str:
-    """The run's state message (the UI's run header, `--watch`'s last line): verdict, τ, the draft or the
-    diagnosis, the report. Short: the full lines are the log's."""
-    parts = [f"{result['verdict']}: live τ {_num(result['tau_live'], 3)} (offline {_num(result['tau_offline'], 3)}), "
-             f"speedup {_num(result['speedup_live'], 2, 'x')}"]
-    parts.append(result["diagnosis"] if result.get("diagnosis") else f"draft {result['sglang']}")
+    """The run's state message (the UI's run header, `--watch`'s last line): the verdict and why, τ, the draft or
+    the diagnosis, the report. Short: the launch command is the log's (and a script's)."""
+    parts = [f"{result['verdict']}: " + "; ".join(result["reasons"]),
+             f"τ {_num(result['tau_live'], 3)} live, {_num(result['tau_offline'], 3)} offline",
+             result["diagnosis"] if result.get("diagnosis") else f"draft {result['sglang']}"]
     if result.get("report"):
         parts.append(f"report {result['report']}")
-    return "; ".join(parts)
+    return " | ".join(parts)
 
 
 def result_lines(result: dict[str, Any]) -> list[str]:

@@ -200,7 +200,7 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     # the run's header: verdict, τ, the draft and a link to the report, the report's first line its link
     with client(prefect_stack) as c:
         message = c.read_flow_run(run_id).state.message
-    assert message.startswith(f"promote: live τ {production['meta']['tau']:.3f}"), message
+    assert message.startswith(f"promote: live τ {production['meta']['tau']:.3f} ≥ "), message
     assert f"draft {export_dir}/sglang" in message and "/artifacts/artifact/" in message, message
     assert re.search(r"report: http://127\.0\.0\.1:\d+/artifacts/artifact/[0-9a-f-]{36}", out), tail
     children = child_runs(prefect_stack, run_id)

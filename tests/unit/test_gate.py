@@ -243,8 +243,8 @@ def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
                       launch_file="/s/launch/e1-sglang.sh")
     assert result_lines(long)[-1] == "serve it: sh /s/launch/e1-sglang.sh"
     assert state_message({**long, "report": "http://127.0.0.1:4200/artifacts/artifact/a1"}) == (
-        "reject: live τ 1.338 (offline 1.672), speedup 0.38x; draft /s/artifacts/export/e1/sglang; "
-        "report http://127.0.0.1:4200/artifacts/artifact/a1")
+        "reject: live τ 1.338 < gate.min_tau 5.0 | τ 1.338 live, 1.672 offline | draft /s/artifacts/export/e1/sglang"
+        " | report http://127.0.0.1:4200/artifacts/artifact/a1")
     zero = {"verdict": "zero-acceptance", "reasons": ["live τ 1.000 ≤ 1.1"], "candidate": {"tau": 1.0},
             "diagnosis": [{"id": "F1", "status": "fail"}, {"id": "F2", "status": "pass"}],
             "fix": {"how": "restart with --speculative-algorithm EAGLE3"}}
