@@ -119,11 +119,11 @@ def check_dataset(dataset: str, config: str, overrides: list[str]) -> PipelineCo
     exists; else BadParameter naming `dataset`."""
     fix = "pass the URI `eaglenest dataset upload` printed (`eaglenest dataset list` shows them)"
     try:
-        if "://" in dataset and not dataset.startswith("file://"):
+        if "://" in dataset and "/datasets/" in dataset:       # an uploaded object: asked, not fetched
             root, key = split_dataset_uri(dataset)
             if open_store(root).stat(key) is None:
                 raise InputError(f"{dataset}: no such object in the store")
-        elif not dataset_file(dataset).is_file() and not dataset_file(dataset).is_dir():
+        elif not dataset_file(dataset).exists():
             raise InputError(f"{dataset}: no such file or folder")
         return load_config(find_config(config), overrides)
     except (InputError, ConfigError, ValueError, OSError) as err:

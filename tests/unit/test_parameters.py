@@ -91,3 +91,19 @@ def test_an_outcome_reaching_the_engine_logs_no_traceback():
 
     assert not QuietOutcomes().filter(record(Outcome("zero acceptance")))
     assert QuietOutcomes().filter(record(RuntimeError("a bug")))
+
+
+def test_a_dataset_that_is_not_in_the_store_is_refused_naming_it(tmp_path):
+    from flows.dataset_trigger import upload_dataset
+    from flows.parameters import check_dataset
+    from flows.pipeline import dataset_overrides
+    from steps.lib.store import open_store
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    (tmp_path / "chats.jsonl").write_text('{"prompt": "hi?"}\n')
+    record, _ = upload_dataset(store, tmp_path / "chats.jsonl", "support")
+    assert check_dataset(record["uri"], "tiny", dataset_overrides(record["uri"])).dataset.sources[0].path \
+        == record["uri"]
+    missing = record["uri"].replace("/support/", "/typo/")
+    with pytest.raises(BadParameter, match=r"^parameter dataset: .*/typo/chats.jsonl: no such object in the store"):
+        check_dataset(missing, "tiny", dataset_overrides(missing))
