@@ -10,10 +10,16 @@ lives in flows/ because it dispatches to both layers: steps/ never names flows/ 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
+import os
 import sys
+import traceback
+from pathlib import Path
 
+from steps.lib.runtime.processes import install_reaper
+from steps.lib.runtime.redaction import redact_text
 from steps.registry import STEPS, TOOLS, step_main, version
 
 #: the commands that need Prefect: command → (module with a `main(argv) -> int`, one-line help)
@@ -40,7 +46,7 @@ def store_main(argv: list[str]) -> int:
     """`eaglenest store verify|gc`: 0 when every artifact checks out (or gc ran), 1 when one is corrupt, 2 for
     a usage error (one line)."""
     from steps.lib.runtime.redaction import redact_text
-    from steps.lib.store import ArtifactError, collect_garbage, open_store, store_uri_for, verify_all
+    from steps.lib.store import ArtifactError, collect_garbage, open_store, store_uri_for, verify_aliases, verify_all
     from steps.registry import add_common_args
 
     parser = argparse.ArgumentParser(prog="eaglenest store", description=STORE_HELP)
@@ -60,11 +66,15 @@ def store_main(argv: list[str]) -> int:
         store = open_store(store_uri_for(args.store, load_config(find_config(args.config), args.overrides).store))
         if args.action == "verify":
             records = verify_all(store, args.kind, args.id)
-            print(json.dumps(records, indent=2) if args.json else "\n".join(
-                f"{'ok     ' if r['ok'] else 'CORRUPT'} {r['kind']}/{r['id']}"
-                + (f"  {r['files']} files, {r['bytes']} bytes" if r["ok"] else f"  {r['error']}") for r in records)
+            # aliases too (all of them when nothing narrower was asked): a missing or corrupt target named
+            aliases = verify_aliases(store) if args.kind is None and args.id is None else []
+            print(json.dumps(records + aliases, indent=2) if args.json else "\n".join(
+                [f"{'ok     ' if r['ok'] else 'CORRUPT'} {r['kind']}/{r['id']}"
+                 + (f"  {r['files']} files, {r['bytes']} bytes" if r["ok"] else f"  {r['error']}") for r in records]
+                + [f"{'ok     ' if a['ok'] else 'CORRUPT'} alias {a['alias']}"
+                   + (f" -> {a['kind']}/{a['id']}" if a["ok"] else f"  {a['error']}") for a in aliases])
                 or f"no artifacts in {store.uri}")
-            return 0 if all(r["ok"] for r in records) else 1
+            return 0 if all(r["ok"] for r in records + aliases) else 1
         out = collect_garbage(store, dry_run=args.dry_run)
         print(json.dumps(out, indent=2) if args.json else "\n".join(
             [f"{'would remove' if args.dry_run else 'removed'} {r['key']} ({r['why']})" for r in out["removed"]]
@@ -77,6 +87,30 @@ def store_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except Exception as err:  # noqa: BLE001 — the last line of defence: one line, never a traceback
+        if "--debug" in argv or os.environ.get("EAGLENEST_DEBUG"):
+            raise
+        print(f"eaglenest {argv[0] if argv else ''}: {unexpected_error_line(err)}", file=sys.stderr)
+        return 2
+
+
+def unexpected_error_line(err: BaseException) -> str:
+    """One line for an error no layer turned into a message: what, where it was raised, how to see more."""
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:     # a full disk: the file, its filesystem, knobs
+        from steps.lib.files import disk_full_line
+
+        return redact_text(disk_full_line(err))
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    text = redact_text(" ".join(str(err).split()))[:500]
+    return (f"{type(err).__name__}: {text}{where}; an input eaglenest does not check yet, or a bug: check the "
+            "file named above, re-run with EAGLENEST_DEBUG=1 for the traceback and report it")
+
+
+def _dispatch(argv: list[str]) -> int:
+    install_reaper()    # SIGTERM/SIGINT stop every server and step process this command starts
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2

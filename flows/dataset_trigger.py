@@ -262,11 +262,11 @@ def cmd_upload(args: argparse.Namespace) -> int:
         check_name(args.name)
         rows = check_dataset(path, args.max_prompt_tokens)
     except (ValueError, FileNotFoundError) as err:
-        print(f"eaglenest dataset upload: {err}\nnothing was uploaded.", file=sys.stderr)
+        print(f"eaglenest dataset upload: {' '.join(str(err).split())}; nothing was uploaded", file=sys.stderr)
         return 2
     api_url = None if args.no_event else prefect_api_url()
     if not args.no_event and not api_url:
-        print(f"eaglenest dataset upload: {NO_API}\nnothing was uploaded.", file=sys.stderr)
+        print(f"eaglenest dataset upload: {NO_API}; nothing was uploaded", file=sys.stderr)
         return 2
     store = open_store(args.store)
     record, sent = upload_dataset(store, path, args.name, args.pipeline)

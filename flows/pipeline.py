@@ -52,6 +52,7 @@ from flows.step_flows import flow_of, run_step_reporting
 from flows.step_process import warm_up
 from steps.lib.config import PipelineConfig, find_config, load_config
 from steps.lib.store import open_store, store_uri_for
+from steps.registry import skipped
 
 install_quiet_outcomes()
 
@@ -196,7 +197,8 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
 
     target = step("target")
     dataset_id = step("datagen", target=target)
-    hidden = step("extract", target=target, dataset=dataset_id)
+    # online (train.hidden_states): no extract, no hidden artifact; train runs the target over the dataset
+    hidden = dataset_id if skipped("extract", cfg) else step("extract", target=target, dataset=dataset_id)
     vocab = step("mapping", dataset=dataset_id, target=target)
     draft = step("train", target=target, hidden=hidden, vocab=vocab)
     export = step("export", draft=draft, target=target)

@@ -12,6 +12,7 @@ import sys
 
 from flows.parameters import BadParameter, Outcome, Refused, check_pipeline
 from flows.pipeline import eagle3_pipeline
+from steps.lib.runtime.processes import install_reaper
 from steps.registry import add_common_args
 
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadParameter as err:
         print(f"eaglenest pipeline: {err}", file=sys.stderr)
         return 2
+    install_reaper()    # a SIGTERM stops the step processes, their servers and Prefect's temporary server
     state = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, mode=args.mode,
                             pool=args.pool, through=args.through, dataset=args.dataset, spec_url=args.spec_url,
                             return_state=True)

@@ -38,6 +38,7 @@ from flows.prefect_setup import (
 )
 from flows.stack import START_TIMEOUT_S, Stack, StackError
 from steps.lib.home import under_home
+from steps.lib.runtime.processes import install_reaper
 
 #: the stack's folder when none is named (under EAGLENEST_HOME)
 DEFAULT_DIR = "out/stack"
@@ -157,6 +158,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    install_reaper()    # a SIGTERM while `up` waits stops the server and worker it started
     try:
         commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "register": cmd_register}
         return commands[args.command](args)

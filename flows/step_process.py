@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from steps.lib.runtime import progress
-from steps.lib.runtime.processes import forwarding_signals
+from steps.lib.runtime.processes import forwarding_signals, track, untrack
 from steps.registry import STEPS, check_call
 
 #: the code the flow runs: first on the child's path, so `python -m steps.<step>` is the same code (the child
@@ -82,8 +82,10 @@ _spare: subprocess.Popen | None = None
 
 
 def _warm_process() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "steps.warm_start"], env=step_env(), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    # tracked: a SIGTERM of the orchestrator stops it (and so its servers) from whichever thread started it
+    return track(subprocess.Popen([sys.executable, "-m", "steps.warm_start"], env=step_env(), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace"),
+                 group=False)
 
 
 def warm_up() -> None:
@@ -140,6 +142,8 @@ def run_step_process(step: str, config: str, overrides: list[str] | None, store_
             proc.terminate()
             proc.wait()
             raise
+        finally:
+            untrack(proc)
     reader.join()
     record = _record(stdout)
     if record is None:

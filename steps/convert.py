@@ -30,6 +30,7 @@ import sys
 
 from steps.lib import formats
 from steps.lib.checks.strict import FormatError
+from steps.lib.errors import InputError
 from steps.lib.home import local_path
 from steps.lib.layouts import ConvertError, convert
 
@@ -54,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         out = convert(local_path(args.src), local_path(args.dst), args.to, num_target_layers=args.num_target_layers,
                       verifier=args.verifier, speculative_tokens=args.speculative_tokens,
                       renames=[tuple(r.split("=", 1)) for r in args.rename])
-    except (ConvertError, FormatError, FileNotFoundError) as err:
-        print(f"eaglenest convert: {err}", file=sys.stderr)
-        return 1
+    except (ConvertError, FormatError, InputError, OSError) as err:     # bad input: one line, exit 2
+        print(f"eaglenest convert: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
     before = json.loads((local_path(args.src) / formats.CONFIG_FILE).read_text()).get("draft_vocab_size")
     if before is None:
         after = json.loads((out / formats.CONFIG_FILE).read_text())["draft_vocab_size"]

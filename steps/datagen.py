@@ -14,10 +14,15 @@ step fail naming how many and why, and the answers so far stay staged, so the ne
 the missing ones. Each chunk is uploaded as soon as it is written, so a crashed run
 resumes from its committed chunks; the manifest is written last and only if something succeeded.
 
-The loss mask is built in one place, `tokenize_conversation`: 1 exactly on the assistant's tokens
-including its end-of-turn token, 0 on system/user/template tokens. It is derived by rendering
-prefixes of the conversation with the tokenizer's own chat template and refuses templates for
-which that is not well defined (a mask shifted by one token trains the draft on the wrong targets).
+A `synthetic` source's prompts are written by the target itself first (steps/lib/data/synthetic.py: its
+chat template up to a user turn, sampled; filtered, deduplicated, decontaminated), each round of candidates
+kept under `synthetic/` in the artifact so a killed run replays them. With `datagen.turns: 2` the target
+then writes a second user turn after its own first answer and answers it, turn by turn. Every count of
+what was dropped goes into the manifest's metrics (docs/DATASETS.md).
+
+The chat template is applied in one place, steps/lib/data/chat.py, exactly as serving applies it: the
+prompts as the server renders them, and the loss mask (`tokenize_conversation`) 1 exactly on every
+assistant turn's tokens including its end-of-turn token, 0 on system/user/template tokens.
 """
 
 from __future__ import annotations
@@ -31,12 +36,17 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import torch
+
 from steps.lib.artifacts import conversations_path, inference_device, load_target, load_tokenizer
-from steps.lib.config import DatagenConfig, PipelineConfig
-from steps.lib.data.prompts import load_prompts, source_files_sha256
+from steps.lib.config import DatagenConfig, PipelineConfig, SyntheticConfig
+from steps.lib.data.chat import chat_token_ids, tokenize_conversation
+from steps.lib.data.prompts import benchmark_index, source_files_sha256, training_prompts
 from steps.lib.data.size import answers_needed, size_warning
+from steps.lib.data.synthetic import Generate, Stage, write_prompts, write_user_turns
 from steps.lib.http import get_json, post_json
 from steps.lib.model.decode import cpu_threads, decode, sampling_generator, torch_threads
+from steps.lib.model.decode_engine import ENGINE_MODEL_TYPES, decode_engine
 from steps.lib.runtime import progress
 from steps.lib.store import Manifest, Store, artifact_id, canonical_json
 from steps.registry import step_main
@@ -57,66 +67,8 @@ class MissingAnswers(ConnectionError):
     """Some prompts got no answer after every retry: the run fails (one line, exit 2) and keeps what it has."""
 STAT_KEYS = ("ok", "errors", "skipped", "empty", "truncated", "tokens", "assistant_tokens",
              "generated_tokens", "gen_s")
-
-
-# --- tokenization (the one place that builds loss masks) ----------------------------------------------
-
-def _render(tokenizer: Any, messages: list[dict[str, str]], *, gen_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen_prompt)
-
-
-def _special_tokens(tokenizer: Any) -> list[str]:
-    added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special]
-    return sorted(set(tokenizer.all_special_tokens) | set(added), key=len, reverse=True)
-
-
-def _template_error(tokenizer: Any, problem: str) -> ValueError:
-    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    return ValueError(f"chat template of tokenizer {name!r}: {problem}; the loss mask cannot be derived "
-                      "from it. Use a template whose renders of a conversation's prefixes are prefixes of "
-                      "each other and which closes every assistant turn with a special end-of-turn token.")
-
-
-def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    """(input_ids, loss_mask): mask 1 on each assistant turn's content and its end-of-turn token.
-
-    Rendering the first k messages (with the generation prompt before an assistant turn) must be a
-    prefix of rendering k+1; the text between is tokenized segment by segment, as the server saw it
-    (prompt tokens, then the generated ones).
-    """
-    ids: list[int] = []
-    mask: list[int] = []
-
-    def extend(text: str, value: int) -> None:
-        new = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
-        ids.extend(new)
-        mask.extend([value] * len(new))
-
-    done = ""
-    for k, msg in enumerate(messages):
-        if msg["role"] != "assistant":
-            continue
-        head, full = _render(tokenizer, messages[:k], gen_prompt=True), _render(tokenizer, messages[: k + 1])
-        if not head.startswith(done):
-            raise _template_error(tokenizer, f"rendering messages[:{k}] is not a prefix-extension of the "
-                                  "previous render (the template rewrites earlier turns)")
-        if not full.startswith(head + msg["content"]):
-            raise _template_error(tokenizer, f"messages[{k}] (assistant) is not rendered verbatim right after "
-                                  "the generation prompt (the template trims or rewrites assistant content)")
-        tail = full[len(head) + len(msg["content"]):]
-        eot = next((s for s in _special_tokens(tokenizer) if tail.startswith(s)), None)
-        if eot is None:
-            raise _template_error(tokenizer, f"assistant turn {k} is followed by {tail[:20]!r}, "
-                                  "not by a special end-of-turn token")
-        extend(head[len(done):], 0)
-        extend(msg["content"] + eot, 1)
-        extend(tail[len(eot):], 0)
-        done = full
-    rest = _render(tokenizer, messages)
-    if not rest.startswith(done):
-        raise _template_error(tokenizer, "rendering the whole conversation is not an extension of its prefix")
-    extend(rest[len(done):], 0)
-    return ids, mask
+#: a dataset's candidate first turns written by the target (`synthetic` sources), one file a round.
+SYNTHETIC_DIR = "synthetic"
 
 
 # --- identity ------------------------------------------------------------------------------------------
@@ -130,15 +82,33 @@ def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_p
     digest = hashlib.sha256(canonical_json(prompts).encode()).hexdigest()
     # Where a server lives is not what the dataset is (and a URL may carry credentials): never in the id.
     datagen = cfg.datagen.model_dump(mode="json", exclude={"server_url"})
+    if datagen.get("decoder") == "auto":
+        datagen.pop("decoder")     # the default: ids of datasets made before the field existed stay
     if cfg.datagen.temperature == 0 and cfg.datagen.samples_per_prompt == 1:
         # Greedy answers do not depend on how requests are batched or where they are served from
         # (the target artifact is an input of the id), so these knobs do not change the dataset.
         for knob in PERFORMANCE_KNOBS:
             datagen.pop(knob, None)
-    identity = {"dataset": cfg.dataset.model_dump(mode="json"), "datagen": datagen,
+    identity = {"dataset": _without_neutral_defaults(cfg, datagen), "datagen": datagen,
                 "seed": cfg.seed, "chunk_prompts": chunk_prompts, "prompts_sha256": digest}
     files = source_files_sha256(cfg.dataset)    # local `file` sources: their bytes, not only their parse
     return {**identity, "files_sha256": files} if files else identity
+
+
+def _without_neutral_defaults(cfg: PipelineConfig, datagen: dict[str, Any]) -> dict[str, Any]:
+    """The dataset section for the id, less the fields added since ids existed where they are at their
+    defaults (ids of datasets made before them stay); drops `datagen.turns: 1` from `datagen` too."""
+    dataset = cfg.dataset.model_dump(mode="json")
+    for src in dataset["sources"]:
+        if src["count"] is None:
+            del src["count"]
+    if not dataset["decontaminate"]:
+        del dataset["decontaminate"]
+    if datagen.get("turns") == 1:
+        del datagen["turns"]
+    if cfg.datagen.turns == 1 and not any(s.kind == "synthetic" for s in cfg.dataset.sources):
+        del dataset["synthetic"]        # nothing is written by the target: its settings change nothing
+    return dataset
 
 
 # --- generation backends ------------------------------------------------------------------------------
@@ -156,6 +126,19 @@ def stop_token_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def resolve_decoder(choice: str, model: Any) -> str:
+    """`datagen.decoder` for this model: `auto` is the engine on a GPU for a model type it supports."""
+    if choice != "auto":
+        return choice
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    return "engine" if on_gpu and model.config.model_type in ENGINE_MODEL_TYPES else "loop"
+
+
+def engine_dtype(device: str) -> torch.dtype:
+    """The engine's dtype: bfloat16 on a GPU (what production serves), float32 on the CPU (deterministic)."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
 def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: DatagenConfig,
                    seed: int, temperature: float | None = None) -> list[dict[str, Any]]:
     """Greedy (or seeded sampled) batched decoding: `steps.lib.model.decode.decode`, finished rows leave the batch."""
@@ -163,9 +146,28 @@ def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: Datag
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     temperature = dg.temperature if temperature is None else temperature
     generator = sampling_generator(model, seed) if temperature > 0 else None
-    answers = decode(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature, generator=generator)
+    if resolve_decoder(dg.decoder, model) == "engine":
+        answers = decode_engine(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature,
+                                generator=generator, slots=dg.batch_size)
+    else:
+        answers = decode(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature,
+                         generator=generator)
     return [{"text": tokenizer.decode(a.tokens, skip_special_tokens=True), "finished": a.finished,
              "tokens": len(a.tokens) + a.finished, "error": None} for a in answers]
+
+
+def user_turn_writer(model: Any, tokenizer: Any, dg: DatagenConfig) -> Generate:
+    """steps/lib/data/synthetic.py's `generate`: the target continues each text, batched like its answers."""
+    def generate(prefixes: list[str], temperature: float, max_tokens: int, seed: int) -> list[tuple[str, bool]]:
+        ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prefixes]
+        short = dg.model_copy(update={"max_new_tokens": max_tokens})
+        out: list[tuple[str, bool]] = []
+        with torch_threads(cpu_threads()):
+            for b in range(0, len(ids), dg.batch_size):
+                out += [(r["text"], r["finished"]) for r in
+                        generate_local(model, tokenizer, ids[b:b + dg.batch_size], short, seed + b, temperature)]
+        return out
+    return generate
 
 
 def chat_completions_url(server_url: str) -> str:
@@ -227,11 +229,12 @@ def _log_too_long(prompts: list[dict[str, Any]], prompt_ids: list[list[int]], ma
 
 def answer_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfig, *, model: Any = None,
                  served_name: str = "", seed: int = 0, known: dict[str, dict[str, Any]] | None = None,
-                 ) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """Results for the chunk's prompts that fit (by index); `known` answers (by prompt id) are not asked again."""
+                 syn: SyntheticConfig | None = None) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """Results for the chunk's prompts that fit (by index); `known` answers (by prompt id) are not asked again.
+    With `dg.turns == 2` each answered conversation gets a second user turn written by the target (`syn`)
+    and its answer (`followup` in the result)."""
     stats: dict[str, Any] = dict.fromkeys(STAT_KEYS, 0)
-    prompt_ids = [tokenizer(_render(tokenizer, p["messages"], gen_prompt=True), add_special_tokens=False)["input_ids"]
-                  for p in prompts]
+    prompt_ids = [chat_token_ids(tokenizer, p["messages"]) for p in prompts]
     todo = [i for i, ids in enumerate(prompt_ids) if len(ids) <= dg.max_prompt_tokens]
     stats["skipped"] = len(prompts) - len(todo)
     _log_too_long(prompts, prompt_ids, dg.max_prompt_tokens)
@@ -239,22 +242,61 @@ def answer_chunk(prompts: list[dict[str, Any]], tokenizer: Any, dg: DatagenConfi
     todo = [i for i in todo if i not in results]
     t0 = time.perf_counter()
     if dg.backend == "local":
-        todo.sort(key=lambda i: len(prompt_ids[i]))  # similar lengths share a batch: less padding
-        # one batch decodes at one temperature: the extra samples (`samples_per_prompt`) are batched apart
-        temps = {i: answer_temperature(prompts[i], dg) for i in todo}
-        # threads are picked per chunk: the load of a shared machine changes during a long run
-        with torch_threads(cpu_threads()):
-            for g, temp in enumerate(sorted(set(temps.values()))):
-                group = [i for i in todo if temps[i] == temp]
-                for b in range(0, len(group), dg.batch_size):
-                    idx = group[b:b + dg.batch_size]
-                    answers = generate_local(model, tokenizer, [prompt_ids[i] for i in idx], dg,
-                                             seed + 100_003 * g + b, temperature=temp)
-                    results.update(zip(idx, answers, strict=True))
+        results.update(_decode_local(model, tokenizer, prompt_ids, {i: answer_temperature(prompts[i], dg)
+                                                                    for i in todo}, dg, seed))
+        if dg.turns == 2:
+            _second_turns(prompts, results, tokenizer, dg, syn or SyntheticConfig(), model=model, seed=seed,
+                          stats=stats)
     elif todo:
         results.update(zip(todo, generate_openai([prompts[i] for i in todo], dg, served_name, seed), strict=True))
     stats["gen_s"] = time.perf_counter() - t0
     return results, stats
+
+
+def _decode_local(model: Any, tokenizer: Any, prompt_ids: Any, temps: dict[int, float], dg: DatagenConfig,
+                  seed: int) -> dict[int, dict[str, Any]]:
+    """Answers of the prompts `temps` names (index → its temperature), batched by temperature and length."""
+    todo = sorted(temps, key=lambda i: len(prompt_ids[i]))  # similar lengths share a batch: less padding
+    results: dict[int, dict[str, Any]] = {}
+    # threads are picked per chunk: the load of a shared machine changes during a long run
+    with torch_threads(cpu_threads()):
+        # one batch decodes at one temperature: the extra samples (`samples_per_prompt`) are batched apart
+        for g, temp in enumerate(sorted(set(temps.values()))):
+            group = [i for i in todo if temps[i] == temp]
+            for b in range(0, len(group), dg.batch_size):
+                idx = group[b:b + dg.batch_size]
+                answers = generate_local(model, tokenizer, [prompt_ids[i] for i in idx], dg,
+                                         seed + 100_003 * g + b, temperature=temp)
+                results.update(zip(idx, answers, strict=True))
+    return results
+
+
+#: the counts of second turns (`datagen.turns: 2`) in a chunk's stats and the manifest's metrics.
+TURN2_KEYS = ("two_turn", "turn2_written", "turn2_empty", "turn2_too_long", "turn2_not_request",
+              "turn2_contaminated", "turn2_prompt_too_long", "turn2_empty_answer")
+
+
+def _second_turns(prompts: list[dict[str, Any]], results: dict[int, dict[str, Any]], tokenizer: Any,
+                  dg: DatagenConfig, syn: SyntheticConfig, *, model: Any, seed: int, stats: dict[str, Any]) -> None:
+    """Turn by turn: the target writes the next user turn after its own first answer, then answers it, the
+    history rendered as a server renders it; a conversation whose turn is dropped stays one turn (counted)."""
+    stats.update(dict.fromkeys(TURN2_KEYS, 0))
+    first = [i for i in sorted(results) if results[i]["error"] is None and results[i]["text"].strip()]
+    history = {i: prompts[i]["messages"] + [{"role": "assistant", "content": results[i]["text"].strip()}]
+               for i in first}
+    users, counts = write_user_turns([history[i] for i in first], tokenizer, user_turn_writer(model, tokenizer, dg),
+                                     syn, benchmark_index(), seed=seed + 7_000_003)
+    stats.update({f"turn2_{k}": v for k, v in counts.items()})
+    convs = {i: history[i] + [{"role": "user", "content": u}] for i, u in zip(first, users, strict=True) if u}
+    ids = {i: chat_token_ids(tokenizer, c) for i, c in convs.items()}
+    fits = {i: answer_temperature(prompts[i], dg) for i in convs if len(ids[i]) <= dg.max_prompt_tokens}
+    stats["turn2_prompt_too_long"] = len(convs) - len(fits)
+    for i, a in _decode_local(model, tokenizer, ids, fits, dg, seed + 13_000_027).items():
+        if not a["text"].strip():
+            stats["turn2_empty_answer"] += 1
+            continue
+        results[i] = {**results[i], "finished": a["finished"], "tokens": results[i]["tokens"] + a["tokens"],
+                      "followup": [convs[i][-1], {"role": "assistant", "content": a["text"].strip()}]}
 
 
 def conversation_rows(prompts: list[dict[str, Any]], results: dict[int, dict[str, Any]], tokenizer: Any,
@@ -285,9 +327,11 @@ def _conversation_row(prompt: dict[str, Any], result: dict[str, Any], tokenizer:
     if not text:
         stats["empty"] += 1
         return None
-    messages = prompt["messages"] + [{"role": "assistant", "content": text}]
+    messages = prompt["messages"] + [{"role": "assistant", "content": text}] + result.get("followup", [])
     input_ids, loss_mask = tokenize_conversation(tokenizer, messages)
     stats["ok"] += 1
+    if "followup" in result:
+        stats["two_turn"] += 1
     stats["truncated"] += not result["finished"]
     stats["tokens"] += len(input_ids)
     stats["assistant_tokens"] += sum(loss_mask)
@@ -299,7 +343,8 @@ def _conversation_row(prompt: dict[str, Any], result: dict[str, Any], tokenizer:
 # --- step ---------------------------------------------------------------------------------------------
 
 def _totals(chunk_stats: list[dict[str, Any]], n_prompts: int) -> dict[str, Any]:
-    total = {k: sum(s.get(k, 0) for s in chunk_stats) for k in STAT_KEYS}
+    keys = STAT_KEYS + (TURN2_KEYS if any("two_turn" in s for s in chunk_stats) else ())
+    total = {k: sum(s.get(k, 0) for s in chunk_stats) for k in keys}
     total["gen_s"] = round(total["gen_s"], 2)
     total["tokens_per_s"] = round(total["generated_tokens"] / total["gen_s"], 1) if total["gen_s"] else 0.0
     return {**total, "prompts": n_prompts}
@@ -316,7 +361,7 @@ def _chunk(writer: Any, rel: str, chunk: list[dict[str, Any]], tokenizer: Any, c
         return done["stats"]
     known = (done or {}).get("answers", {})
     results, stats = answer_chunk(chunk, tokenizer, cfg.datagen, model=model, served_name=served, seed=seed,
-                                  known=known)
+                                  known=known, syn=cfg.dataset.synthetic)
     stats["gen_s"] += (done or {}).get("stats", {}).get("gen_s", 0.0)
     rows = conversation_rows(chunk, results, tokenizer, stats)
     missing = {chunk[i]["id"]: r["error"] for i, r in results.items() if r["error"] is not None}
@@ -348,12 +393,11 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     Every prompt gets an answer or the step fails: requests are retried (`datagen.retries`), and the
     prompts that still failed are named in a MissingAnswers error; the next run asks only for them.
     """
-    prompts = with_samples(load_prompts(cfg.dataset, cfg.seed, cfg.datagen.max_prompt_tokens), cfg.datagen)
-    small = size_warning(len(prompts), cfg, what="datagen")    # said before the target spends time on it
-    if small:
-        log.warning("%s", small)
+    offline, dropped = training_prompts(cfg.dataset, cfg.seed, cfg.datagen.max_prompt_tokens)
+    prompts = with_samples(offline, cfg.datagen)
     # a chunk holds at least one full batch (a GPU decodes hundreds of rows at once)
     chunk_prompts = chunk_prompts or max(CHUNK_PROMPTS, cfg.datagen.batch_size)
+    # synthetic prompts are a function of the config, the seed and the target (an input of the id)
     identity = dataset_identity(cfg, prompts, chunk_prompts)
     did = artifact_id("dataset", identity, {"target": target_id})
     if store.exists("dataset", did):
@@ -362,8 +406,16 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     device = inference_device() if local else None
     model, tokenizer = (load_target(store, target_id, device=device) if local
                         else (None, load_tokenizer(store, target_id)))
+    decoder = resolve_decoder(cfg.datagen.decoder, model) if local else None
+    if decoder == "engine":
+        model = model.to(engine_dtype(device))
     served = "" if local else served_model_name(str(cfg.datagen.server_url), cfg.target.display_name)
     writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id}, config=identity)
+    synthetic, written = synthetic_prompts(cfg, writer, model, tokenizer, chunk_prompts)
+    prompts = with_samples(offline + synthetic, cfg.datagen) if synthetic else prompts
+    small = size_warning(len(prompts), cfg, what="datagen")    # said before the target answers them
+    if small:
+        log.warning("%s", small)
     chunk_stats: list[dict[str, Any]] = []
     with progress.bar(total=len(prompts), desc="datagen", unit="prompt") as bar:
         for i, start in enumerate(range(0, len(prompts), chunk_prompts)):
@@ -372,7 +424,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
                                       served=served, seed=cfg.seed * 1_000_003 + start))
             bar.update(len(chunk))
             bar.set_postfix(ok=sum(s["ok"] for s in chunk_stats), errors=sum(s["errors"] for s in chunk_stats))
-    metrics = _totals(chunk_stats, len(prompts))
+    metrics = {**_totals(chunk_stats, len(prompts)), **{f"dropped_{k}": v for k, v in dropped.items()}, **written}
     missing = {pid: err for s in chunk_stats for pid, err in s.get("missing", {}).items()}
     if missing:
         pid, err = next(iter(missing.items()))
@@ -384,9 +436,52 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
         raise RuntimeError(f"datagen: no prompt of {len(prompts)} got a usable answer ({metrics['skipped']} too "
                            f"long, {metrics['empty']} empty)")
     # the device a local backend decoded on: its generator draws the sampled answers (`sampling_generator`)
+    # and the decoder and dtype it ran (bf16 answers differ from float32 ones: they are the served target's)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if local else None
     return writer.commit(metrics={**metrics, "answers_needed": answers_needed(cfg)},
-                         meta={"backend": cfg.datagen.backend, "device": device, "chunks": len(chunk_stats),
+                         meta={"backend": cfg.datagen.backend, "device": device, "decoder": decoder, "dtype": dtype,
+                               "chunks": len(chunk_stats),
                                "size_warning": size_warning(metrics["ok"], cfg, what="datagen")})
+
+
+def synthetic_prompts(cfg: PipelineConfig, writer: Any, model: Any, tokenizer: Any, round_size: int,
+                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The first turns the target writes itself for a `synthetic` source (none without one), each round of
+    candidates kept in the artifact under `synthetic/` so a resumed run replays them; (prompts, metrics:
+    `synthetic_written`, `synthetic_kept`, `synthetic_<why dropped>`, `synthetic_s`, `synthetic_prompts_per_s`)."""
+    count = sum(s.count or 0 for s in cfg.dataset.sources if s.kind == "synthetic")
+    if not count:
+        return [], {}
+    t0 = time.perf_counter()
+    with progress.bar(total=count * cfg.dataset.synthetic.max_attempts, desc="synthetic prompts",
+                      unit="prompt") as bar:
+        prompts, counts = write_prompts(count, tokenizer, user_turn_writer(model, tokenizer, cfg.datagen),
+                                        cfg.dataset.synthetic, benchmark_index(), seed=cfg.seed,
+                                        round_size=round_size, stage=_synthetic_stage(writer, bar.update))
+    seconds = time.perf_counter() - t0
+    if len(prompts) < count:
+        log.warning("datagen: the target wrote %d of %d synthetic prompts in %d candidates (the rest were "
+                    "dropped: %s); raise dataset.synthetic.max_attempts for more", len(prompts), count,
+                    counts["written"], {k: v for k, v in counts.items() if k != "written" and v})
+    return prompts, {**{f"synthetic_{k}": v for k, v in counts.items()}, "synthetic_kept": len(prompts),
+                     "synthetic_s": round(seconds, 2),
+                     "synthetic_prompts_per_s": round(len(prompts) / seconds, 3) if seconds else 0.0}
+
+
+def _synthetic_stage(writer: Any, on_round: Any) -> Stage:
+    """synthetic's `stage`: a round of candidates from its upload record, or written, uploaded and recorded."""
+    def stage(r: int, make: Any) -> list[dict[str, Any]]:
+        rel = f"{SYNTHETIC_DIR}/part-{r:05d}.jsonl"
+        done = writer.uploaded(rel)
+        if done is not None:        # written by an earlier, interrupted run: the same seed gave these
+            rows = done["candidates"]
+        else:
+            rows = make()
+            writer.path(rel).write_text("".join(json.dumps(c) + "\n" for c in rows))
+            writer.upload(rel, extra={"candidates": rows})
+        on_round(len(rows))
+        return rows
+    return stage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,4 +494,4 @@ if __name__ == "__main__":
 
 __all__ = ["run", "main", "tokenize_conversation", "answer_chunk", "generate_chunk", "generate_local", "with_samples",
            "MissingAnswers",
-           "generate_openai", "stop_token_ids", "dataset_identity"]
+           "generate_openai", "stop_token_ids", "dataset_identity", "resolve_decoder", "engine_dtype"]

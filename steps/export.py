@@ -20,7 +20,7 @@ from steps.lib import formats
 from steps.lib.artifacts import load_draft, target_config
 from steps.lib.checks.strict import assert_engine_dir
 from steps.lib.config import PipelineConfig, config_dict, resolve_max_position_embeddings
-from steps.lib.layer_ids import check_capturable, to_engine
+from steps.lib.layer_ids import check_capturable, check_expressible, target_architecture, to_engine
 from steps.lib.store import Manifest, Store, artifact_id
 from steps.registry import step_main
 
@@ -38,13 +38,16 @@ def verifier_name(cfg: PipelineConfig) -> str:
     return str(cfg.target.path) if cfg.target.source == "hf_dir" else cfg.target.display_name
 
 
-def draft_layer_ids(meta: dict[str, Any], target_config: dict[str, Any], where: str) -> list[int]:
-    """The internal aux ids the draft was trained on, checked capturable by the engines (F4)."""
+def draft_layer_ids(meta: dict[str, Any], target_config: dict[str, Any], where: str,
+                    engines: list[str] | tuple[str, ...] = ()) -> list[int]:
+    """The internal aux ids the draft was trained on, checked capturable and expressible by the engines (F4)."""
     ids = meta.get("layer_ids")
     if not isinstance(ids, list) or not ids:
         raise ValueError(f"{where}: draft_config.json has no layer_ids (internal convention); cannot write the "
                          "engines' capture layers (F4). Re-run train.")
     check_capturable(ids, int(target_config["num_hidden_layers"]))
+    for engine in engines:
+        check_expressible(ids, engine, target_architecture(target_config))
     return [int(i) for i in ids]
 
 
@@ -61,7 +64,8 @@ def engine_config(engine: str, draft_fields: dict[str, Any], *, layer_ids: list[
 def expectations(draft_fields: dict[str, Any], *, layer_ids: list[int], max_pos: int, dtype: str,
                  target_config: dict[str, Any]) -> dict[str, Any]:
     """What the strict checker compares each written directory against."""
-    return {"layer_ids": layer_ids, "vocab_size": int(target_config["vocab_size"]),
+    return {"layer_ids": layer_ids, "target_architecture": target_architecture(target_config),
+            "vocab_size": int(target_config["vocab_size"]),
             "hidden_size": int(target_config["hidden_size"]), "context_length": max_pos,
             "draft_vocab_size": int(draft_fields["draft_vocab_size"]), "dtype": dtype}
 
@@ -71,7 +75,8 @@ def write_checked(out: Path, engine: str, state: dict[str, Any], *, config: dict
     """Write one engine directory, strict-check it (raises FormatError), return its manifest meta."""
     formats.write_engine_dir(out, engine, state, config, dtype=dtype)
     assert_engine_dir(out, engine, expect=expect)
-    return {"layer_ids": to_engine(expect["layer_ids"], engine), "num_keys": len(formats.KEY_MAPS[engine]),
+    ids = to_engine(expect["layer_ids"], engine, expect.get("target_architecture"))
+    return {"layer_ids": ids, "num_keys": len(formats.KEY_MAPS[engine]),
             "architectures": config["architectures"], "max_position_embeddings": expect["context_length"]}
 
 
@@ -84,7 +89,7 @@ def run(cfg: PipelineConfig, store: Store, draft_id: str, target_id: str) -> Man
     tcfg = target_config(store, target_id)
     draft, meta = load_draft(store, draft_id)
     draft_fields = draft.cfg.to_dict()
-    layer_ids = draft_layer_ids(meta, tcfg, f"draft {draft_id}")
+    layer_ids = draft_layer_ids(meta, tcfg, f"draft {draft_id}", cfg.export.engines)
     max_pos = resolve_max_position_embeddings(cfg, tcfg)          # F5: from the target, never the draft
     expect = expectations(draft_fields, layer_ids=layer_ids, max_pos=max_pos, dtype=cfg.export.dtype,
                           target_config=tcfg)

@@ -39,12 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steps.lib.artifacts import read_conversations, target_config
+from steps.lib.artifacts import target_config
 from steps.lib.checks.disk import check_disk_budget
 from steps.lib.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
 from steps.lib.data.shards import bytes_per_token, check_storage_dtype, shard_bytes_bound, write_encoded
-from steps.lib.extraction.capture import CaptureBackend, make_backend
+from steps.lib.extraction.capture import CaptureBackend, SGLangBackend, ShardedBackend, load_sharded, make_backend
+from steps.lib.extraction.sequences import SHARD_PATH, capture_batches, group_sequences, read_sequences
 from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
+from steps.lib.layer_ids import target_architecture
 from steps.lib.runtime import distributed
 from steps.lib.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
 from steps.registry import step_main
@@ -55,26 +57,9 @@ log = logging.getLogger("eaglenest.extract")
 #: budget, or wherever the servers run (a resumed run may raise the budget and keep its shards; a
 #: moved server does not restart extraction, and a URL's credentials never reach the id).
 NOT_IN_ID = ("disk_budget", "server_url", "final_server_url")
-SHARD_PATH = "shards/shard-{:05d}.safetensors"
 
 
 # --- inputs -------------------------------------------------------------------------------------
-
-def read_sequences(store: Store, dataset_id: str, max_length: int) -> list[dict[str, list[int]]]:
-    """Every conversation of the dataset, in order, truncated to `max_length` tokens."""
-    out = []
-    for row in read_conversations(store, dataset_id):
-        ids, mask = row["input_ids"][:max_length], row["loss_mask"][:max_length]
-        if len(ids) != len(mask):
-            raise ValueError(f"dataset {dataset_id}, conversation {row.get('id')!r}: input_ids has "
-                             f"{len(row['input_ids'])} tokens but loss_mask {len(row['loss_mask'])}; "
-                             "re-run datagen")
-        if ids:
-            out.append({"input_ids": list(ids), "loss_mask": [int(m) for m in mask]})
-    if not out:
-        raise ValueError(f"dataset {dataset_id}: no conversations with tokens; nothing to extract")
-    return out
-
 
 # --- planning -----------------------------------------------------------------------------------
 
@@ -140,14 +125,7 @@ def plan_shards(lengths: list[int], shard_tokens: int, fmt: ShardFormat) -> list
     Deterministic in (lengths, shard_tokens): shard i of a resumed run holds the same sequences.
     A sequence longer than `shard_tokens` gets a shard of its own.
     """
-    groups: list[list[int]] = [[]]
-    tokens = 0
-    for i, n in enumerate(lengths):
-        if groups[-1] and tokens + n > shard_tokens:
-            groups.append([])
-            tokens = 0
-        groups[-1].append(i)
-        tokens += n
+    groups = group_sequences(lengths, shard_tokens)
     plans = []
     for k, seqs in enumerate(groups):
         t = sum(lengths[i] for i in seqs)
@@ -199,9 +177,7 @@ def submit_shard(w: ShardWriter, backend: CaptureBackend, plan: ShardPlan, seque
     seqs = [sequences[i] for i in plan.sequences]
     job = ShardJob(path, [s["input_ids"] for s in seqs], [s["loss_mask"] for s in seqs], plan.bytes_bound, tag=plan)
     # Batch sequences of similar length together (less padding); the writer restores the shard's order.
-    by_length = sorted(range(len(seqs)), key=lambda k: len(seqs[k]["input_ids"]))
-    for start in range(0, len(seqs), batch_size):
-        keys = by_length[start:start + batch_size]
+    for keys in capture_batches([len(s["input_ids"]) for s in seqs], batch_size):
         w.submit(job, keys, backend.capture_async([seqs[k]["input_ids"] for k in keys], fmt.storage_dtype))
     w.finish(job)
 
@@ -298,7 +274,7 @@ def hidden_id(cfg: PipelineConfig, target_id: str, dataset_id: str) -> str:
 def extract_range(writer: ArtifactWriter, mine: list[ShardPlan], sequences: list[dict[str, list[int]]],
                   scratch: ScratchDir, *, cfg: PipelineConfig, store: Store, target_id: str, fmt: ShardFormat,
                   share: DiskShare, tcfg: dict[str, Any], world: distributed.World,
-                  done_tokens: int) -> dict[str, Any]:
+                  done_tokens: int, backend: CaptureBackend | None = None) -> dict[str, Any]:
     """This rank's shards, in rounds under its share of the budget -> its stats (the progress bar:
     rank 0's range, which the others' match within one shard)."""
     stats = {"rank": world.rank, "shards": [p.index for p in mine], "rounds": 0, "computed_shards": 0,
@@ -306,7 +282,9 @@ def extract_range(writer: ArtifactWriter, mine: list[ShardPlan], sequences: list
     total = done_tokens + sum(p.tokens for p in mine)
     with distributed.progress_bar(world, total=total, initial=done_tokens, desc="extract", unit="tok") as bar:
         if mine:
-            backend = make_backend(cfg, store, target_id, list(fmt.layer_ids), tcfg, world.device)
+            backend = backend or make_backend(cfg, store, target_id, list(fmt.layer_ids), tcfg, world.device)
+            if isinstance(backend, SGLangBackend):        # the ETA from the first batch, before hours go in
+                backend.expect(total - done_tokens)
             stats.update(run_rounds(writer, backend, plan_rounds(mine, share), sequences, scratch,
                                     batch_size=cfg.extract.batch_size, fmt=fmt, share=share, bar=bar))
     # F8: what the plan promised, measured; a rank that overran its share must not publish the artifact.
@@ -320,15 +298,42 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
     """Extract aux + final hidden states of every dataset token into a `hidden` artifact.
 
     Under torchrun every rank calls this and extracts a contiguous range of the shards still to do;
-    rank 0 commits the manifest after all ranks' uploads, and every rank returns it."""
-    ex = cfg.extract
-    inputs = {"target": target_id, "dataset": dataset_id}
+    rank 0 commits the manifest after all ranks' uploads, and every rank returns it. With
+    `extract.backend: sharded` the ranks instead hold one target split by transformers' tensor-parallel
+    plan: rank 0 extracts every shard as a world of one, the others run its forwards with it."""
     art_id = hidden_id(cfg, target_id, dataset_id)
     if store.exists("hidden", art_id):
         return store.manifest("hidden", art_id)
     world = distributed.setup()
     tcfg = target_config(store, target_id)
-    layer_ids = resolve_aux_layer_ids(cfg, tcfg["num_hidden_layers"])
+    layer_ids = resolve_aux_layer_ids(cfg, tcfg["num_hidden_layers"], target_architecture(tcfg))
+    if cfg.extract.backend != "sharded" or not world.distributed:    # one process: the local backend
+        return extract_shards(cfg, store, target_id, dataset_id, world, tcfg, layer_ids)
+    backend = load_sharded(store, target_id, layer_ids, world)
+    if not world.is_main:
+        return follow_writer(backend, store, art_id)
+    try:
+        return extract_shards(cfg, store, target_id, dataset_id, distributed.solo(world), tcfg, layer_ids,
+                              backend=backend)
+    finally:
+        backend.release()
+
+
+def follow_writer(backend: ShardedBackend, store: Store, art_id: str) -> Manifest:
+    """A rank > 0 of a sharded extraction: rank 0's forwards until it is done, then its manifest."""
+    batches = backend.follow()
+    if not store.exists("hidden", art_id):
+        raise ArtifactError(f"extract rank {backend.world.rank}: rank 0 stopped after {batches} batches without "
+                            f"committing hidden {art_id}; its log names why")
+    return store.manifest("hidden", art_id)
+
+
+def extract_shards(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str, world: distributed.World,
+                   tcfg: dict[str, Any], layer_ids: list[int], *, backend: CaptureBackend | None = None) -> Manifest:
+    """Plan the shards, extract this rank's range of those still to do, commit on rank 0 (see `run`)."""
+    ex = cfg.extract
+    inputs = {"target": target_id, "dataset": dataset_id}
+    art_id = hidden_id(cfg, target_id, dataset_id)
     sequences = read_sequences(store, dataset_id, ex.max_length)
     fmt = ShardFormat(tuple(layer_ids), tcfg["hidden_size"], ex.storage_dtype)
     share = DiskShare(ex.disk_budget_bytes, world.size)
@@ -346,7 +351,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
     mine = distributed.split_contiguous(todo, world)
     done_tokens = sum(p.tokens for p in plans) - sum(p.tokens for p in todo)
     stats = extract_range(writer, mine, sequences, scratch, cfg=cfg, store=store, target_id=target_id,
-                          fmt=fmt, share=share, tcfg=tcfg, world=world, done_tokens=done_tokens)
+                          fmt=fmt, share=share, tcfg=tcfg, world=world, done_tokens=done_tokens, backend=backend)
     ranks = distributed.all_gather_object(world, stats)       # also: every rank's uploads are done
     if world.is_main:
         if world.distributed:                                  # see the other ranks' uploads too

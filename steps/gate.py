@@ -26,6 +26,7 @@ Moving the alias is not done here: the orchestrator does it inside a transaction
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from steps.lib.artifacts import export_dir, target_dir
@@ -37,6 +38,7 @@ from steps.lib.store import Manifest, Store, artifact_id
 from steps.registry import step_main
 
 STEP = "gate"
+log = logging.getLogger(__name__)
 #: rows whose cause is the serving command, which a relaunch from the derived command fixes.
 RELAUNCH_FIXES = {"F1": "relaunch with the derived command (--speculative-algorithm EAGLE3)",
                   "F6": "relaunch; the launcher retries without CUDA graphs when capture hangs"}
@@ -165,7 +167,11 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, bench
         spec_url: str | None = None) -> Manifest:
     """Decide promote / reject / zero-acceptance for one benchmarked export; writes the gate artifact."""
     report = benchmark_report(store, benchmark_id)
-    champion = store.get_alias("production")
+    # an alias is verified before it is trusted: one that points at nothing is named, then judged as no champion
+    alias_problem = store.alias_problem("production")
+    if alias_problem:
+        log.warning("gate: %s", alias_problem)
+    champion = None if alias_problem else store.get_alias("production")
     champion_bench = (champion or {}).get("meta", {}).get("benchmark")
     inputs = {"export": export_id, "target": target_id, "benchmark": benchmark_id}
     section = {"gate": config_dict(cfg.gate), "champion": champion and [champion["id"], champion_bench],
@@ -181,6 +187,8 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, bench
     champion_sets = benchmark_sets(benchmark_report(store, champion_bench)) \
         if champion_bench and champion_bench != benchmark_id else None
     verdict, reasons = decide(cfg.gate, report["metrics"], candidate_sets, champion_sets, is_champion=is_champion)
+    if alias_problem:
+        reasons = [f"no usable champion: {alias_problem}", *reasons]
     if is_champion:
         recorded = (champion.get("meta") or {}).get("tau")
         reasons = [f"export {export_id} is production (recorded live τ {_fmt(recorded)})", *reasons]

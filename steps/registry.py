@@ -120,10 +120,17 @@ _ROWS = (
 )
 STEPS: dict[str, Step] = {s.name: s for s in _ROWS}
 
+
+def skipped(step: str, cfg: Any) -> bool:
+    """A step this config leaves out of the pipeline: extract, when train computes the hidden states online
+    (`train.hidden_states: online`; train's `hidden` input is then the dataset the target runs over)."""
+    return step == "extract" and cfg.train.hidden_states == "online"
+
 #: the tools: their own argument shapes (a directory, not artifact ids), same `eaglenest` dispatch.
 TOOLS: dict[str, str] = {
     "doctor": "diagnose any EAGLE-3 draft dir (and optionally a live server) against F1–F9",
     "convert": "convert a draft between the SGLang/official and speculators layouts",
+    "plan": "before any GPU hour: tokens, bytes, disk rounds, hours per step, object-store bytes of a config",
 }
 
 
@@ -367,8 +374,10 @@ def step_main(name: str, argv: list[str] | None = None) -> int:
     # steps log their progress (rounds, losses) with `logging`: to stderr, so stdout is only the result
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     from steps.lib.runtime import progress
+    from steps.lib.runtime.processes import install_reaper
     from steps.lib.runtime.redaction import install_log_redaction
 
+    install_reaper()          # a SIGTERM stops the servers this step starts, from whichever thread
     install_log_redaction()   # a server URL's user-info or token never reaches a log line
     progress.install_from_environment()
     try:

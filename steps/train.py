@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,15 +52,19 @@ from torch import Tensor
 
 from steps.lib.artifacts import DRAFT_CONFIG_FILE, DRAFT_MODEL_FILE, load_vocab, target_dir
 from steps.lib.checks.vocab import validate_vocab
-from steps.lib.config import PipelineConfig, resolve_draft_shape, resolve_max_position_embeddings
+from steps.lib.config import PipelineConfig, resolve_aux_layer_ids, resolve_draft_shape, resolve_max_position_embeddings
 from steps.lib.data.shards import save_sorted
+from steps.lib.extraction.capture import make_backend
+from steps.lib.extraction.sequences import read_sequences
+from steps.lib.model.checkpoint_keys import text_prefix
 from steps.lib.model.draft import DraftConfig, Eagle3Draft
 from steps.lib.runtime import distributed
 from steps.lib.store import Manifest, Store, artifact_id
 from steps.lib.training.checkpoint import BEST_FILE, CKPT_PREFIX
 from steps.lib.training.evaluate import held_out, load_eval_set
 from steps.lib.training.loop import Setup, train_loop
-from steps.lib.training.plan import ShardReader, build_plan, shard_paths
+from steps.lib.training.online import OnlineSource
+from steps.lib.training.plan import ShardReader, auto_epochs, build_plan
 from steps.registry import step_main
 
 #: train fields that change how the work is spread over GPUs, not what is learned: the same draft
@@ -75,6 +80,8 @@ def read_target_head(tdir: Path, tcfg: dict[str, Any]) -> dict[str, Tensor]:
     index = tdir / "model.safetensors.index.json"
     files = ({n: tdir / f for n, f in json.loads(index.read_text())["weight_map"].items()} if index.is_file()
              else dict.fromkeys(_safetensors_keys(tdir / "model.safetensors"), tdir / "model.safetensors"))
+    prefix = text_prefix(list(files))                  # `language_model.` (Kimi-K2.5): names without it
+    files = {n.removeprefix(prefix): (path, n) for n, path in files.items()}
     tied = bool(tcfg.get("tie_word_embeddings", False))
     out: dict[str, Tensor] = {}
     for name, want in (("embed_tokens.weight", "model.embed_tokens.weight"), ("lm_head.weight", "lm_head.weight")):
@@ -84,12 +91,15 @@ def read_target_head(tdir: Path, tcfg: dict[str, Any]) -> dict[str, Tensor]:
                 continue
             raise KeyError(f"{tdir}: no tensor {want!r} in the target's safetensors "
                            f"(tie_word_embeddings={tied}); is this a Llama-style HF checkpoint?")
-        with safe_open(str(files[want]), framework="pt") as f:
-            out[name] = f.get_tensor(want).float()
+        out[name] = _read_tensor(*files[want])
     if "model.norm.weight" in files:
-        with safe_open(str(files["model.norm.weight"]), framework="pt") as f:
-            out["norm.weight"] = f.get_tensor("model.norm.weight").float()
+        out["norm.weight"] = _read_tensor(*files["model.norm.weight"])
     return out
+
+
+def _read_tensor(path: Path, key: str) -> Tensor:
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(key).float()
 
 
 def _safetensors_keys(path: Path) -> list[str]:
@@ -113,13 +123,28 @@ def draft_config(cfg: PipelineConfig, tcfg: dict[str, Any], num_aux: int, d2t: T
 
 # --- the step ---------------------------------------------------------------------------------------------
 
-def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab_id: str) -> Setup:
+def hidden_source(cfg: PipelineConfig, store: Store, target_id: str, source_id: str, tcfg: dict[str, Any],
+                  device: torch.device) -> tuple[ShardReader | OnlineSource, list[int]]:
+    """Where the batches' hidden states come from -> (reader, captured layer ids): the `hidden` artifact
+    `source_id` (offline), or the target run on `device` over the dataset `source_id` (online)."""
+    if cfg.train.hidden_states == "online":
+        ex = cfg.extract
+        layer_ids = resolve_aux_layer_ids(cfg, int(tcfg["num_hidden_layers"]))
+        backend = make_backend(cfg, store, target_id, layer_ids, tcfg, device)
+        return OnlineSource(backend, read_sequences(store, source_id, ex.max_length), ex.shard_tokens,
+                            ex.batch_size, ex.storage_dtype, layer_ids), layer_ids
+    hidden = store.manifest("hidden", source_id)
+    budget = cfg.train.cache_budget or cfg.extract.disk_budget_bytes
+    return ShardReader(store, hidden, int(budget)), list(hidden.meta["layer_ids"])
+
+
+def prepare(cfg: PipelineConfig, store: Store, target_id: str, source_id: str, vocab_id: str,
+            device: torch.device | None = None) -> Setup:
     """Read the inputs, build the draft from the target and the plan of batches."""
-    hidden = store.manifest("hidden", hidden_id)
-    layer_ids = list(hidden.meta["layer_ids"])
     d2t, t2d = load_vocab(store, vocab_id)
     tdir = target_dir(store, target_id)
     tcfg = json.loads((tdir / "config.json").read_text())
+    reader, layer_ids = hidden_source(cfg, store, target_id, source_id, tcfg, device or torch.device("cpu"))
     validate_vocab(d2t, t2d, int(tcfg["vocab_size"]))
     dcfg = draft_config(cfg, tcfg, len(layer_ids), d2t)
     head = read_target_head(tdir, tcfg)
@@ -130,12 +155,12 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
         with torch.no_grad():
             model.norm.weight.copy_(head["norm.weight"])
     model.lm_head.weight.requires_grad_(not cfg.train.freeze_lm_head)     # the optimizer takes what trains
-    budget = cfg.train.cache_budget or cfg.extract.disk_budget_bytes
-    reader = ShardReader(store, hidden, int(budget))
-    lengths = {rel: reader.lengths(rel) for rel in shard_paths(hidden)}
+    lengths = {rel: reader.lengths(rel) for rel in reader.shards()}
     t = cfg.train
     held = held_out(lengths, t.eval_fraction, cfg.seed) if t.eval_every else {}
-    plan = build_plan(lengths, epochs=t.epochs, seed=cfg.seed, max_length=t.max_length,
+    trained = sum(n for rel, ns in lengths.items() for i, n in enumerate(ns) if i not in held.get(rel, set()))
+    epochs = auto_epochs(trained) if t.epochs == "auto" else t.epochs
+    plan = build_plan(lengths, epochs=epochs, seed=cfg.seed, max_length=t.max_length,
                       rows_per_batch=max(1, t.batch_tokens // t.max_length), exclude=held)
     eval_set = (load_eval_set(reader, lengths, held, max_length=t.max_length, max_tokens=t.eval_max_tokens)
                 if t.eval_every else None)
@@ -151,20 +176,38 @@ def prepare(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, v
 def draft_id(cfg: PipelineConfig, inputs: dict[str, str]) -> str:
     """The `draft` artifact id: the train section (less how it is spread over GPUs), the seed, the inputs."""
     section = cfg.train.model_dump(mode="json", exclude=set(NOT_IN_ID))
+    if section["hidden_states"] == "offline":        # the default leaves every existing draft id unchanged
+        del section["hidden_states"]
     return artifact_id("draft", {"train": section, "seed": cfg.seed}, inputs)
+
+
+def wall_phases(start: float, loaded: float, looped: float, trained: float, train_s: float) -> dict[str, Any]:
+    """Where the train step's wall time went (perf_counter marks): `phases_s` with load (target head, vocab,
+    shard lengths, eval set), the lease, the steps themselves (`train_s`: their first ones compile), the rest
+    of the loop (τ_sim evaluation, checkpoints, shard reads, the log) and saving the weights; `wall_s` their
+    sum. The upload in `commit` comes after the manifest is written and is not in it."""
+    now = time.perf_counter()
+    phases = {"load": loaded - start, "lease": looped - loaded, "train_steps": train_s,
+              "loop_other": trained - looped - train_s, "save": now - trained}
+    return {"phases_s": phases, "wall_s": now - start}
 
 
 def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab_id: str, *,
         on_step: Callable[[int, dict[str, Any]], None] | None = None) -> Manifest:
     """Train (or resume, or reuse) the draft for these inputs; `on_step(step, record)` after each step.
+    `hidden_id` names the `hidden` artifact (train.hidden_states offline) or, online, the `dataset` the
+    target computes the states of (the lineage names the dataset and the target; no hidden artifact exists).
 
     Under torchrun every rank calls this; rank 0 writes the artifact, the others return its manifest."""
-    inputs = {"target": target_id, "hidden": hidden_id, "vocab": vocab_id}
+    source = "dataset" if cfg.train.hidden_states == "online" else "hidden"
+    inputs = {"target": target_id, source: hidden_id, "vocab": vocab_id}
     art_id = draft_id(cfg, inputs)
     if store.exists("draft", art_id):
         return store.manifest("draft", art_id)
+    start = time.perf_counter()
     world = distributed.setup(cfg.train.device)
-    setup = prepare(cfg, store, target_id, hidden_id, vocab_id)
+    setup = prepare(cfg, store, target_id, hidden_id, vocab_id, world.device)
+    loaded = time.perf_counter()
     # One attempt per job (checkpoints are read by every rank): rank 0 takes the lease, the others join it.
     writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train) if world.is_main else None
     attempt = distributed.all_gather_object(world, writer.attempt if writer else None)[0]
@@ -172,13 +215,16 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
         return store.manifest("draft", art_id)
     if writer is None:
         writer = store.begin("draft", art_id, step="train", inputs=inputs, config=cfg.train, join=attempt)
+    looped = time.perf_counter()
     metrics, weights = train_loop(cfg.train, setup, writer.staging, on_step, world)
     if world.is_main:
+        trained = time.perf_counter()
         save_sorted(weights, writer.path(DRAFT_MODEL_FILE))
         writer.path(DRAFT_CONFIG_FILE).write_text(json.dumps(setup.meta, indent=2))
         for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):      # resume state is not part of the artifact
             shutil.rmtree(ckpt)
         writer.path(BEST_FILE).unlink(missing_ok=True)
+        metrics |= wall_phases(start, loaded, looped, trained, metrics.get("train_s") or 0.0)
         writer.commit(metrics=metrics, meta=setup.meta)
     distributed.barrier(world)                                   # the manifest exists for every rank now
     return store.manifest("draft", art_id)

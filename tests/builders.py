@@ -599,3 +599,29 @@ def full_disk_in(monkeypatch: Any, module: Any) -> None:
         return open(path, mode, *args, **kwargs)  # noqa: SIM115
 
     monkeypatch.setattr(module, "open", open_on_a_full_disk, raising=False)
+
+
+# --- a tiny DeepSeek-V3-architecture target (the founding case's family) ----------------------------------
+
+#: MLA (q/kv LoRA ranks, split rope/nope heads), 4 routed experts of which 2 per token + 1 shared expert,
+#: the first layer dense as in the real checkpoint; untied lm_head.
+TINY_DEEPSEEK = dict(vocab_size=272, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                     num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+                     n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+                     q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                     max_position_embeddings=512, tie_word_embeddings=False, rope_scaling=None)
+
+
+def tiny_deepseek_dir(root: Path, *, prefix: str = "language_model.", seed: int = 0) -> Path:
+    """A seeded random `DeepseekV3ForCausalLM` (`TINY_DEEPSEEK`) + the byte-level ChatML tokenizer, saved as an
+    HF directory whose weight names carry `prefix` as Kimi-K2.5's text weights do (`language_model.model.…`)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    tok = byte_tokenizer()
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(**TINY_DEEPSEEK, eos_token_id=tok.eos_token_id)).eval()
+    out = save_hf_dir(model, tok, root)
+    weights = out / "model.safetensors"
+    state = load_file(str(weights))
+    save_file({prefix + k: v for k, v in state.items()}, str(weights), metadata={"format": "pt"})
+    return out

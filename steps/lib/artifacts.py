@@ -128,18 +128,23 @@ def inference_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_target(store: Store, target_id: str, *, device: str = "cpu",
-                dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+def load_target(store: Store, target_id: str, *, device: str = "cpu", dtype: torch.dtype | None = None,
+                tp_plan: str | None = None) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) in `dtype` (default float32); safetensors only, remote code only if
-    the config allowed it."""
+    the config allowed it. `tp_plan="auto"`: sharded over the joined process group by transformers' own
+    tensor-parallel plan (every rank calls this together; each keeps its shard where transformers puts it)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from steps.lib.model.checkpoint_keys import key_mapping
+
     m = store.manifest("target", target_id)
-    model = AutoModelForCausalLM.from_pretrained(target_dir(store, target_id), dtype=dtype or torch.float32,
-                                                 use_safetensors=True,
-                                                 trust_remote_code=bool(m.meta.get("trust_remote_code")))
-    return model.to(device).eval(), load_tokenizer(store, target_id)
+    path = target_dir(store, target_id)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32, use_safetensors=True,
+                                                 key_mapping=key_mapping(path),   # `language_model.` (K2.5)
+                                                 trust_remote_code=bool(m.meta.get("trust_remote_code")),
+                                                 **({"tp_plan": tp_plan} if tp_plan else {}))
+    return (model if tp_plan else model.to(device)).eval(), load_tokenizer(store, target_id)
 
 
 # --- dataset ---------------------------------------------------------------------------------------------

@@ -88,12 +88,8 @@ class Checkpoint:
 def read_checkpoint(path: str | Path, trained_layer_ids: list[int] | None = None) -> Checkpoint:
     """config.json + tensor shapes of a draft directory, its layout and the loader rules that apply."""
     path = Path(path)
-    for name in (formats.CONFIG_FILE, formats.WEIGHTS_FILE):
-        if not (path / name).is_file():
-            raise FileNotFoundError(f"{path / name}: missing; a draft directory holds config.json and "
-                                    "model.safetensors")
-    config = formats.read_json(path / formats.CONFIG_FILE)
-    tensors = tensor_meta(path / formats.WEIGHTS_FILE)
+    config = formats.read_config(path)
+    tensors = tensor_meta(formats.draft_file(path, formats.WEIGHTS_FILE))
     layout = detect_layout(config, list(tensors))
     return Checkpoint(path, layout, LAYOUT_ENGINE.get(layout, "sglang"), config, tensors,
                       trained_layer_ids or manifest_layer_ids(path))
@@ -190,10 +186,11 @@ def probe_prompts(target_dir: Path | None) -> tuple[list[dict[str, Any]], list[l
     return [{"input_ids": i} for i in ids], ids
 
 
-def served_layer_ids(ck: Checkpoint, num_layers: int) -> list[int]:
-    """The internal ids a server captures for this layout: the recorded ones, else its defaults."""
+def served_layer_ids(ck: Checkpoint, num_layers: int, target_arch: str | None = None) -> list[int]:
+    """The internal ids a server captures for this layout on a `target_arch` target: the recorded ones, else
+    its defaults."""
     ids = formats.engine_layer_ids(ck.config, ck.engine)
-    return from_engine(ids, ck.engine) if ids else default_aux_layer_ids(num_layers)
+    return from_engine(ids, ck.engine, target_arch) if ids else default_aux_layer_ids(num_layers)
 
 
 def offline_tau(ck: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], num_steps: int
@@ -201,9 +198,11 @@ def offline_tau(ck: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], n
     """τ of this draft with the reference engine, loaded with SGLang's rules, capturing the trained layers."""
     from transformers import AutoModelForCausalLM
 
+    from steps.lib.model.checkpoint_keys import key_mapping
     from steps.lib.model.reference_engine import Engine
 
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, use_safetensors=True).eval()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, use_safetensors=True,
+                                                  key_mapping=key_mapping(target_dir)).eval()
     tmp = Path(tempfile.mkdtemp(prefix="doctor-"))
     try:
         sglang_dir = ck.path if ck.layout == "sglang" else convert(
@@ -213,7 +212,8 @@ def offline_tau(ck: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], n
         return None, f"offline τ not measured: {err}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    layer_ids = ck.trained_layer_ids or served_layer_ids(ck, target.config.num_hidden_layers)
+    layer_ids = ck.trained_layer_ids or served_layer_ids(ck, target.config.num_hidden_layers,
+                                                          (target.config.architectures or [None])[0])
     engine = Engine(target, None, draft, layer_ids=layer_ids, num_steps=num_steps)
     accepted = verify = 0
     for ids in prompt_ids:

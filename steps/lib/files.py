@@ -38,7 +38,9 @@ def naming(path: Path) -> Iterator[None]:
 
 def disk_full_line(err: OSError) -> str:
     """ENOSPC as one line: the file, its filesystem's mount point and free bytes, and what to change."""
-    where = Path(err.filename) if err.filename else None
+    # a copy's error names source then destination: the destination is the file that did not fit
+    named = getattr(err, "filename2", None) or err.filename
+    where = Path(named) if named else None
     probe = next((p for p in ([where, *where.parents] if where else []) if p.exists()), Path.cwd())
     mount = next((p for p in [probe, *probe.parents] if os.path.ismount(p)), Path("/"))
     free = shutil.disk_usage(probe).free

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from steps.lib import formats
 from steps.lib.checks.algorithm import draft_architecture
-from steps.lib.checks.strict import assert_engine_dir
+from steps.lib.checks.strict import assert_engine_dir, tensor_meta
 from steps.lib.layer_ids import default_aux_layer_ids, from_engine
 
 #: how the layout is recognised: (name, engine whose loader serves it, rule in words, predicate on
@@ -98,8 +98,10 @@ def read_draft(src: str | Path, *, num_target_layers: int | None = None,
     """(layout, Draft) of any known layout, its keys renamed first; raises ConvertError on anything not carried
     faithfully. A missing or null `draft_vocab_size` is read from the weights (lm_head.weight's rows: F7)."""
     src = Path(src)
-    config = json.loads((src / formats.CONFIG_FILE).read_text())
-    tensors = renamed(load_file(str(src / formats.WEIGHTS_FILE)), renames or [])
+    config = formats.read_config(src)
+    weights = formats.draft_file(src, formats.WEIGHTS_FILE)
+    tensor_meta(weights)        # a truncated or corrupt file is named before it is read whole
+    tensors = renamed(load_file(str(weights)), renames or [])
     layout = detect_layout(config, list(tensors))
     if layout not in SOURCE_ENGINE:
         raise ConvertError(f"{src}/{formats.CONFIG_FILE}: layout not recognised (architectures="

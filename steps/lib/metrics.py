@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 
@@ -71,3 +72,22 @@ def acceptance_length_from_requests(requests: list[dict]) -> float:
     correct = sum(int(r["spec_num_correct_drafts"]) for r in requests)
     verify = sum(int(r["spec_verify_ct"]) for r in requests)
     return acceptance_length(correct, verify)
+
+
+def tau_interval(histograms: list[list[int]], *, seed: int, samples: int = 1000, level: float = 0.95
+                 ) -> list[float]:
+    """A `level` bootstrap interval of τ over prompts: `samples` resamplings of the prompts with replacement,
+    τ of each from its pooled counts (as `AcceptStats.tau` pools them), the percentiles. `histograms`: one
+    accept histogram per prompt. Seeded: the same counts and seed give the same interval. Prompts, not
+    rounds, are resampled because rounds of one prompt are correlated (one prompt moves τ by ~0.03)."""
+    if not histograms:
+        return [0.0, 0.0]
+    counts = torch.tensor(histograms, dtype=torch.float64)                    # [P, k + 1]
+    accepted = counts @ torch.arange(counts.shape[1], dtype=torch.float64)    # [P]
+    steps = counts.sum(-1)
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randint(0, len(histograms), (samples, len(histograms)), generator=g)
+    a, s = accepted[pick].sum(-1), steps[pick].sum(-1)
+    taus = torch.where(s > 0, (a + s) / s.clamp(min=1), torch.zeros_like(s))
+    lo, hi = torch.quantile(taus, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
+    return [lo, hi]

@@ -183,7 +183,7 @@ def test_cli_commands_are_the_registry_steps_the_tools_and_the_flow_commands():
 
     assert list(COMMANDS) == [*STEPS, *TOOLS, "store", *FLOW_COMMANDS]
     assert set(FLOW_COMMANDS) == {"pipeline", "demo", "stack", "dataset"}
-    assert set(TOOLS) == {"doctor", "convert"}
+    assert set(TOOLS) == {"doctor", "convert", "plan"}
     assert all((ROOT / "steps" / f"{m}.py").is_file() for m in STEP_MODULES), "a registry row without its module"
 
 

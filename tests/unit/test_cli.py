@@ -279,9 +279,31 @@ def test_eaglenest_store_verify_and_gc_as_a_process(world):
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "16 hex digits" in refused.stderr
     store.backend.put_bytes(f"staging/vocab/{'ab' * 8}/a-gone/x.bin", b"debris")
     gc = eaglenest("gc", "--json")
-    assert gc.returncode == 0 and [r["key"] for r in json.loads(gc.stdout)["removed"]] == \
-        [f"staging/vocab/{'ab' * 8}/a-gone/x.bin"]
-    assert store.backend.list("staging/") == []
+    removed = [r["key"] for r in json.loads(gc.stdout)["removed"]]
+    assert gc.returncode == 0 and [k for k in removed if "/." not in k] == [f"staging/vocab/{'ab' * 8}/a-gone/x.bin"]
+    assert all(k.endswith(".lease.json.lock") for k in removed if "/." in k)    # committed writers' lock files
+    assert store.backend.list("staging/") == [] and not any(store.local_path("staging").rglob("*"))
+
+
+def test_store_verify_checks_aliases_naming_a_missing_target_or_a_corrupt_file(world, capsys):
+    """Issue 27: `store verify` exits 1 for an alias to nothing and for an unreadable alias file, naming each."""
+    from flows.cli import store_main
+
+    store = world["store"]
+    args = ["verify", "--config", world["config"], "--store", store.uri]
+    store.set_alias("previous", "target", T0)
+    store.backend.put_bytes("aliases/production.json", json.dumps({"kind": "export", "id": "ab" * 8}).encode())
+    try:
+        assert store_main(args) == 1
+        out = capsys.readouterr().out
+        assert f"ok      alias previous -> target/{T0}" in out
+        assert f"CORRUPT alias production  {store.uri}/aliases/production.json points at export/{'ab' * 8}" in out
+        store.backend.put_bytes("aliases/production.json", b"{torn")
+        assert store_main(args) == 1
+        assert "aliases/production.json: not valid JSON" in capsys.readouterr().out
+    finally:
+        store.restore_alias("production", None)
+        store.restore_alias("previous", None)
 
 
 def test_python_dash_m_runs_the_step_file_once(tmp_path):

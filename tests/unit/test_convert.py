@@ -103,5 +103,5 @@ def test_an_existing_destination_is_never_overwritten_and_a_failed_check_leaves_
 def test_cli_exit_codes(tmp_path, capsys):
     src = eaglenest_layout(tmp_path, "sglang")
     assert convert.main([str(src), str(tmp_path / "v"), "--to", "vllm", "--verifier", "tiny"]) == 0
-    assert convert.main([str(src), str(tmp_path / "v"), "--to", "vllm", "--verifier", "tiny"]) == 1
+    assert convert.main([str(src), str(tmp_path / "v"), "--to", "vllm", "--verifier", "tiny"]) == 2
     assert "already exists" in capsys.readouterr().err

@@ -17,6 +17,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 from steps import datagen as D  # noqa: E402
 from steps.lib import artifacts
 from steps.lib.config import InputError, load_config  # noqa: E402
+from steps.lib.errors import ConfigError  # noqa: E402
 from steps.lib.store import open_store, sha256_file  # noqa: E402
 from tests.conftest import TINY_PRETRAIN  # noqa: E402
 
@@ -114,6 +115,28 @@ def test_datagen_local_writes_masked_conversations(tiny, clean_run):
         assert r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["content"]
         assert masked_runs(tok, r["input_ids"], r["loss_mask"]) == [r["messages"][-1]["content"] + "<|im_end|>"]
         assert r["messages"][0] == {"role": "user", "content": PROMPTS[int(r["id"][1:])]}
+    # the CPU default (`datagen.decoder: auto`) is the float32 loop, and the manifest says so
+    assert (m.meta["decoder"], m.meta["dtype"]) == ("loop", "float32")
+
+
+def test_the_engine_decoder_gives_the_loops_dataset_on_the_cpu(tiny, clean_run, monkeypatch):
+    """`datagen.decoder=engine` at float32 (the CPU's dtype): the same greedy answers as the loop's dataset,
+    under its own id, the decoder named in the manifest (and the engine, counted, made them)."""
+    store, tid, path, loop = clean_run
+    calls = []
+    real = D.decode_engine
+    monkeypatch.setattr(D, "decode_engine", lambda *a, **k: calls.append(k["slots"]) or real(*a, **k))
+    m = D.run(cfg_for(path, "datagen.decoder=engine"), store, tid, chunk_prompts=CHUNK)
+    assert calls and set(calls) == {4}                    # datagen.batch_size slots (`cfg_for`)
+    assert m.id != loop.id and (m.meta["decoder"], m.meta["dtype"]) == ("engine", "float32")
+    rows = [r["messages"] for r in artifacts.read_conversations(store, m.id)]
+    assert rows == [r["messages"] for r in artifacts.read_conversations(store, loop.id)]
+
+
+def test_auto_decoder_is_the_loop_on_the_cpu(tiny):
+    _, _, model, _ = tiny
+    assert D.resolve_decoder("auto", model) == "loop" and D.resolve_decoder("engine", model) == "engine"
+    assert D.engine_dtype("cpu") == torch.float32 and D.engine_dtype("cuda") == torch.bfloat16
 
 
 def test_datagen_is_greedy_deterministic_and_reused(tiny, clean_run):
@@ -392,6 +415,20 @@ def test_batch_size_changes_the_dataset_id_only_when_sampling():
     assert ident("datagen.max_new_tokens=8") != ident("datagen.max_new_tokens=9")
     assert (ident("datagen.temperature=1.0", "datagen.batch_size=8")
             != ident("datagen.temperature=1.0", "datagen.batch_size=32"))
+
+
+def test_the_default_decoder_stays_out_of_the_dataset_id():
+    """`datagen.decoder: auto` (the default) leaves the ids of datasets made before the field existed; an
+    explicit decoder enters the id; an unknown one is refused."""
+    prompts = [{"id": "p0", "source": "stdlib", "messages": [{"role": "user", "content": "Hi?"}]}]
+
+    def ident(*overrides):
+        return D.dataset_identity(load_config("configs/tiny.yaml", list(overrides)), prompts, 64)
+
+    assert "decoder" not in ident()["datagen"] and ident() == ident("datagen.decoder=auto")
+    assert ident("datagen.decoder=engine") != ident() != ident("datagen.decoder=loop")
+    with pytest.raises(ConfigError, match="datagen.decoder"):
+        ident("datagen.decoder=fast")
 
 
 def test_a_local_dataset_file_is_part_of_the_id_by_its_bytes(tmp_path):

@@ -246,8 +246,8 @@ class StandInSGLang:
     run alone, as a server would, through `output_hidden_states` (not the client's hooks).
     """
 
-    def __init__(self, model, *, sglang_layer_ids: list[int] | None):
-        self.model, self.ids = model, sglang_layer_ids
+    def __init__(self, model, *, sglang_layer_ids: list[int] | None, chunked_prefill_size: int = -1):
+        self.model, self.ids, self.chunk = model, sglang_layer_ids, chunked_prefill_size
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -265,7 +265,8 @@ class StandInSGLang:
             def do_GET(self):
                 aux = outer.ids is not None
                 self._reply({"enable_return_aux_hidden_states": aux, "enable_return_hidden_states": not aux,
-                             "return_aux_hidden_state_layer_ids": outer.ids})
+                             "return_aux_hidden_state_layer_ids": outer.ids,
+                             "schedule": {"chunked_prefill_size": outer.chunk}})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -309,6 +310,17 @@ def test_sglang_backend_gives_the_same_shards_as_the_local_backend(world, tmp_pa
         with pytest.raises(ValueError, match="--return-aux-hidden-state-layer-ids 0 1 2"):
             SGLangBackend(wrong.url, final.url, LAYER_IDS, hidden_size=H).check_server(N_LAYERS)
         wrong.server.shutdown()
+        # Chunked prefill on (SGLang's H200 default, 8192): middle chunks carry no rows; refused, the flag named.
+        chunked = StandInSGLang(model, sglang_layer_ids=None, chunked_prefill_size=8192)
+        with pytest.raises(ValueError, match=r"chunked_prefill_size=8192.*--chunked-prefill-size -1$"):
+            SGLangBackend(aux.url, chunked.url, LAYER_IDS, hidden_size=H).check_server(N_LAYERS)
+        chunked.server.shutdown()
+        # The first batch's rate gives the job's ETA; an absurd one is refused, naming the faster backend.
+        client.expect(10 ** 12)
+        with pytest.raises(ValueError, match=r"on the first batch .* h; use extract.backend=sharded"):
+            client.capture([rows[0]["input_ids"]])
+        client.expect(1)
+        assert len(client.capture([rows[0]["input_ids"]])) == 1
         local.close()
         # SGLang's aux response carries no final hidden state: a client without the second server is refused.
         with pytest.raises(ValueError, match="two servers"):
@@ -319,3 +331,11 @@ def test_sglang_backend_gives_the_same_shards_as_the_local_backend(world, tmp_pa
     finally:
         aux.server.shutdown()
         final.server.shutdown()
+
+
+def test_the_sglang_capture_server_is_told_ids_in_its_target_familys_convention():
+    """`--return-aux-hidden-state-layer-ids` reaches the target class's set_eagle3_layers_to_capture (SGLang
+    0.5.23 spec_aux_hidden_state.py): on a DeepSeek-V3 target, ids not starting at internal 2 go unshifted."""
+    def ids(arch):
+        return SGLangBackend("http://a", "http://b", [3, 4, 5], hidden_size=8, target_arch=arch).sglang_layer_ids
+    assert ids("DeepseekV3ForCausalLM") == [3, 4, 5] and ids("LlamaForCausalLM") == ids(None) == [2, 3, 4]

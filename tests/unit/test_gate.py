@@ -271,3 +271,23 @@ def test_zero_acceptance_reads_offline_against_live_and_the_doctor_as_a_diagnosi
     assert "the draft is good and the serving loses it (F9)" in run_result(
         {"verify": {"metrics": {"tau": 1.45}}}, served_wrong, export_uri="u")["diagnosis"]
     assert run_result(records, {**zero, "verdict": "reject"}, export_uri="u")["diagnosis"] is None
+
+
+def test_production_pointing_at_a_missing_export_is_named_and_not_trusted(world, caplog):
+    """Issue 27: an alias is verified before the gate trusts it; its missing target is named in the decision."""
+    import json
+
+    from steps import gate
+
+    store = world["store"]
+    store.backend.put_bytes("aliases/production.json", json.dumps(
+        {"kind": "export", "id": "0123456789abcdef", "meta": {}, "previous": None}).encode())
+    try:
+        bench = put_benchmark(store, "bf00000000000027", world["export_id"], tau=2.4)
+        m = gate.run(world["cfg"], store, world["export_id"], world["target_id"], bench)
+        assert m.meta["champion"] is None
+        assert any("production.json points at export/0123456789abcdef" in r for r in m.meta["reasons"]), \
+            m.meta["reasons"]
+        assert "export/0123456789abcdef, which is not in the store" in caplog.text
+    finally:
+        store.restore_alias("production", None)

@@ -93,3 +93,19 @@ def test_sigterm_to_the_parent_stops_the_group_it_spawned(tmp_path):
     assert outer.wait(timeout=60) == -15, "after stopping the group the parent still ends by SIGTERM"
     processes.wait_until(lambda: not alive(server) and not alive(grandchild), timeout_s=10, interval_s=0.05)
     assert not alive(server) and not alive(grandchild), "SIGTERM to the parent must stop the spawned group"
+
+
+def test_a_forked_child_forgets_the_parents_children_and_reaper(tmp_path):
+    """A fork (multiprocessing, a DataLoader worker) must not stop its parent's servers on its own SIGTERM."""
+    proc = processes.spawn([sys.executable, "-c", "import time; time.sleep(600)"], log_path=tmp_path / "log")
+    try:
+        assert proc.pid in processes.children()
+        pid = os.fork()
+        if pid == 0:    # the child: what its reaper does on a SIGTERM, then exit without the parent's atexit
+            processes.stop_children()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert proc.poll() is None and proc.pid in processes.children()    # the parent's server still runs
+    finally:
+        processes.stop_process(proc, grace_s=1.0)
+    assert proc.pid not in processes.children()

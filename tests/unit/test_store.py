@@ -56,6 +56,53 @@ class TestFileStore(StoreContract):
         assert d == Path(store.uri.removeprefix("file://")) / "artifacts/draft/f000000000000003"
         assert not (store.cache_dir / "draft").exists()
 
+    def test_a_sha_mismatch_on_read_quarantines_so_the_step_rebuilds(self, store: Store):
+        """Same size, other bytes: the reuse check (sizes) passes, so only the reader can break the loop."""
+        w = store.begin("draft", "f000000000000005", step="train")
+        w.path("m").write_bytes(b"good")
+        w.upload("m")
+        w.commit()
+        Path(store.uri.removeprefix("file://"), "artifacts/draft/f000000000000005/m").write_bytes(b"evil")
+        assert store.exists("draft", "f000000000000005")
+        with pytest.raises(ArtifactError, match="sha256 does not match.*quarantined.*rebuilds it"):
+            store.fetch_file("draft", "f000000000000005", "m")
+        assert not store.exists("draft", "f000000000000005")
+        assert store.begin("draft", "f000000000000005", step="train").reused is None     # rebuilt, not reused
+
+    def test_gc_on_a_full_disk_frees_first_and_removes_hidden_debris(self, store: Store, monkeypatch):
+        """Issue 27: gc's one write (taking a dead lease) waits for the space its deletes free; dot-files (a
+        dead writer's temp files, lock files), even in a folder holding nothing else, go with their folders."""
+        import errno
+        import socket
+
+        from steps.lib.store import LEASE, collect_garbage
+
+        dead = {"owner": "t", "host": socket.gethostname(), "pid": 2**22 + 4321, "heartbeat": 0.0, "ttl": 60,
+                "attempt": "a-dead"}
+        store.backend.create_bytes(f"staging/hidden/0a00000000000001/{LEASE}", json.dumps(dead).encode())
+        store.backend.put_bytes("staging/hidden/0a00000000000001/a-dead/shard", b"dead")
+        write_artifact(store, "hidden", "ff00000000000001", {"x": b"1"})
+        store.backend.put_bytes("staging/hidden/ff00000000000001/a-lost/shard", b"debris")
+        root = Path(store.uri.removeprefix("file://"))
+        hidden_only = root / "staging/draft/0b00000000000001/a-x"
+        hidden_only.mkdir(parents=True)
+        (hidden_only / f".shard-0.tmp-{2**22 + 4321}").write_bytes(b"partial")
+        (hidden_only.parent / f".lease.json.tmp-{2**22 + 4321}").write_bytes(b"{}")
+        freed: list[str] = []
+        delete, swap = FileBackend.delete, FileBackend.swap_bytes
+
+        def full_until_freed(backend, key, data, expect):
+            if not freed:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return swap(backend, key, data, expect)
+
+        monkeypatch.setattr(FileBackend, "delete", lambda backend, key: (freed.append(key), delete(backend, key)))
+        monkeypatch.setattr(FileBackend, "swap_bytes", full_until_freed)
+        out = collect_garbage(store)
+        assert "staging/hidden/0a00000000000001/a-dead/shard" in {r["key"] for r in out["removed"]}
+        assert f"staging/draft/0b00000000000001/a-x/.shard-0.tmp-{2**22 + 4321}" in {r["key"] for r in out["removed"]}
+        assert out["kept"] == [] and not any((root / "staging").rglob("*")), list((root / "staging").rglob("*"))
+
     def test_temp_and_hidden_files_in_staging_are_not_artifact_files(self, store: Store):
         w = store.begin("draft", "f000000000000004", step="train")
         w.path("m").write_bytes(b"1")

@@ -339,3 +339,23 @@ def test_target_head_handles_tied_and_untied_embeddings(tmp_path):
               str(tmp_path / "untied/model.safetensors"))
     with pytest.raises(KeyError, match="lm_head.weight"):
         read_target_head(tmp_path / "untied", cfg)
+
+
+def test_the_manifest_accounts_for_the_train_steps_wall_time_by_phase(source, tmp_path):
+    store, ids = fresh_store(source, tmp_path)
+    m = run(config(epochs=1), store, **ids)
+    phases = m.metrics["phases_s"]
+    assert set(phases) == {"load", "lease", "train_steps", "loop_other", "save"}
+    assert all(v >= 0 for v in phases.values()) and phases["train_steps"] == m.metrics["train_s"]
+    assert sum(phases.values()) == pytest.approx(m.metrics["wall_s"], rel=1e-6)
+
+
+def test_train_hidden_states_offline_is_id_neutral_and_online_is_a_different_draft():
+    from steps.lib.config import load_config
+    from steps.train import draft_id
+    inputs = {"target": "a", "hidden": "b", "vocab": "c"}
+    offline = load_config("configs/tiny.yaml")
+    # the id main computed for configs/tiny.yaml before the field existed
+    assert draft_id(offline, inputs) == "5992b912c66a2b6a"
+    online = load_config("configs/tiny.yaml", ["train.hidden_states=online"])
+    assert draft_id(online, inputs) != draft_id(offline, inputs)

@@ -162,3 +162,92 @@ def test_an_engine_that_changes_the_output_is_caught(world):
     engine = AcceptEverything(target, tok, draft, layer_ids=LAYER_IDS, num_steps=3)
     _, rows = verify.measure(engine, [("p", [5, 6, 7, 8])], 12, None)
     assert rows[0]["match"] is False and rows[0]["first_diff"] is not None
+
+
+def with_verify(cfg, **changes):
+    return cfg.model_copy(update={"verify": cfg.verify.model_copy(update=changes)})
+
+
+def test_new_verify_fields_at_their_defaults_leave_the_verify_id_as_it_was(world):
+    cfg = world["cfg"]
+    # the section the id hashed before turns, chain lengths, batching, ties and intervals existed
+    assert set(verify.verify_section(cfg)) == {"num_prompts", "max_new_tokens", "categories",
+                                               "in_distribution_prompts", "num_steps"}
+    assert verify.verify_section(with_verify(cfg, batch_size=8)) == verify.verify_section(cfg)
+    assert verify.verify_section(with_verify(cfg, turns=2))["turns"] == 2
+
+
+def engine_of(w, k=None):
+    from steps.lib.artifacts import load_target
+    from steps.lib.formats.sglang_loader import load_sglang_draft
+
+    target, tok = load_target(w["store"], w["target_id"])
+    draft, _ = load_sglang_draft(artifacts.export_dir(w["store"], w["export_id"], "sglang"), target=target)
+    return Engine(target, tok, draft, layer_ids=LAYER_IDS, num_steps=k or w["cfg"].serve.num_steps), tok
+
+
+@pytest.mark.parametrize("which", ["world", "copying_world"])
+def test_batched_verify_measures_what_the_one_prompt_at_a_time_path_measures(which, request):
+    w = request.getfixturevalue(which)
+    engine, tok = engine_of(w)
+    prompts = held_out_prompts(w["cfg"], tok)
+    one, one_rows = verify.measure(engine, prompts, 24, tok.eos_token_id)
+    batched, rows = verify.measure(engine, prompts, 24, tok.eos_token_id, batch_size=len(prompts))
+    assert batched.histogram == one.histogram and batched.tau == one.tau
+    assert [r["accept_histogram"] for r in rows] == [r["accept_histogram"] for r in one_rows]
+    assert all(r["match"] for r in rows)
+
+
+def test_verify_measures_both_turns_with_the_targets_own_first_answer_as_history(copying_world):
+    from steps.lib.data.prompts import chat_token_ids, load_mtbench, second_turn_prompts
+
+    w = copying_world
+    cfg = with_verify(w["cfg"], turns=2)
+    m = verify.run(cfg, w["store"], w["export_id"], w["target_id"])
+    report = json.loads(w["store"].fetch_file("verify", m.id, "report.json").read_text())
+    second = [r for r in report["prompts"] if r["turn"] == 2]
+    assert m.metrics["prompts"] == 6 and len(second) == 3 and all(r["match"] for r in report["prompts"])
+    assert m.metrics["tau_turn1"] == pytest.approx(26 / 7) and m.metrics["tau_turn2"] >= 1.0
+    # the second turn's prompt: turn 1, the target's own plain greedy answer to it, turn 2, in its template
+    engine, tok = engine_of(w)
+    answers = {}
+    for (pid, ids), q in zip(held_out_prompts(cfg, tok), load_mtbench(None, 3), strict=True):
+        answer = tok.decode(engine.generate_plain(ids, cfg.verify.max_new_tokens, tok.eos_token_id),
+                            skip_special_tokens=True)
+        expected = chat_token_ids(tok, [{"role": "user", "content": q["turns"][0]},
+                                        {"role": "assistant", "content": answer},
+                                        {"role": "user", "content": q["turns"][1]}])
+        row = next(r for r in second if r["id"] == f"{pid}-turn2")
+        assert row["prompt_tokens"] == len(expected) and answer
+        answers[pid] = (answer, expected)
+    built = second_turn_prompts(cfg, tok, {pid: a for pid, (a, _) in answers.items()})
+    assert built == [(f"{pid}-turn2", ids) for pid, (_, ids) in answers.items()]
+    assert verify.verify_section(cfg) != verify.verify_section(w["cfg"])
+
+
+def test_verify_gives_each_chain_length_its_tau_and_the_served_one_as_headline(copying_world):
+    w = copying_world
+    k = w["cfg"].serve.num_steps
+    cfg = with_verify(w["cfg"], chain_lengths=[k, 1])
+    m = verify.run(cfg, w["store"], w["export_id"], w["target_id"])
+    by_k = m.metrics["by_chain_length"]
+    assert set(by_k) == {str(k), "1"} and by_k[str(k)]["tau"] == m.metrics["tau"] == pytest.approx(26 / 7)
+    assert by_k["1"]["num_steps"] == 1 and by_k["1"]["tau"] == pytest.approx(2.0)   # d_1 = B(x[n]) always right
+    with pytest.raises(ValueError, match="serve.num_steps"):
+        type(cfg).model_validate({**cfg.model_dump(), "verify": {**cfg.verify.model_dump(), "chain_lengths": [1]}})
+
+
+def test_verify_reports_a_seeded_bootstrap_interval_that_holds_tau(world):
+    m = verify.run(world["cfg"], world["store"], world["export_id"], world["target_id"])
+    lo, hi = m.metrics["tau_interval"]
+    assert lo <= m.metrics["tau"] <= hi
+
+
+def test_a_near_tie_within_the_tolerance_is_reported_not_failed(world):
+    engine, _ = engine_of(world)
+    engine = AcceptEverything(engine.target, engine.tokenizer, engine.draft, layer_ids=LAYER_IDS, num_steps=3)
+    _, strict = verify.measure(engine, [("p", [5, 6, 7, 8])], 12, None)
+    gap = strict[0]["logit_gap"]
+    assert strict[0]["match"] is False and strict[0]["near_tie"] is False and gap > 0
+    _, tolerant = verify.measure(engine, [("p", [5, 6, 7, 8])], 12, None, tie_tolerance=gap)
+    assert tolerant[0]["match"] is True and tolerant[0]["near_tie"] is True

@@ -12,12 +12,16 @@ from typing import Any
 
 from steps.lib.checks.finding import Finding
 from steps.lib.formats import engine_layer_ids
-from steps.lib.layer_ids import check_capturable, default_aux_layer_ids, from_engine, to_engine
+from steps.lib.layer_ids import (
+    SHIFT_ONLY_IF_FIRST_IS_ONE,
+    InexpressibleLayerIds,
+    check_capturable,
+    default_aux_layer_ids,
+    family_rule,
+    from_engine,
+    to_engine,
+)
 
-#: target architectures whose SGLang model adds +1 to `eagle_config` ids only when the first id is 1
-#: (models/deepseek_v2.py since PR #25454; also Kimi-K2 checkpoints, which declare DeepseekV3). In the
-#: internal convention: the first internal id must be 2, else the server captures the ids unshifted.
-PLUS_ONE_ONLY_IF_FIRST_IS_ONE = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 #: where each engine reads the capture ids.
 IDS_FIELD = {"sglang": "eagle_config.eagle_aux_hidden_state_layer_ids", "vllm": "eagle_aux_hidden_state_layer_ids"}
 
@@ -34,7 +38,7 @@ def check_aux_layers(config: dict[str, Any], engine: str, *, num_layers: int | N
                        "write them as eagle_config.eagle_aux_hidden_state_layer_ids (SGLang ids = internal − 1): "
                        "re-export with steps.export, or `eaglenest convert` a speculators directory")
     if ids:
-        captured, how = from_engine(ids, engine), f"{IDS_FIELD[engine]}={ids} ({engine} convention)"
+        captured, how = from_engine(ids, engine, target_arch), f"{IDS_FIELD[engine]}={ids} ({engine} convention)"
     elif num_layers is None:
         return Finding("F4", "warn", where, "no ids recorded: the server captures its defaults [2, N//2, N-3] (N "
                        "unknown without the target)", "pass the target to check them, or re-export with "
@@ -46,6 +50,15 @@ def check_aux_layers(config: dict[str, Any], engine: str, *, num_layers: int | N
             return Finding("F4", "fail", where, str(err), "record explicit aux layer ids in the draft config")
         how = "no ids recorded: the server's defaults [2, N//2, N-3]"
     evidence = f"{how} → the server captures internal (HF hidden_states) {captured}"
+    meant = from_engine(ids, engine) if ids else captured      # the plain convention's reading
+    if (ids and trained is None and family_rule(engine, target_arch) == SHIFT_ONLY_IF_FIRST_IS_ONE
+            and meant != captured):
+        # without the export manifest the ids are read as the plain convention writes them
+        return Finding("F4", "fail", where, f"{IDS_FIELD[engine]}={ids} with a {target_arch} target: SGLang adds "
+                       f"+1 for this family only when the first id is 1, so it would capture internal {ids} "
+                       f"instead of the trained {meant}",
+                       "train with aux layer ids starting at internal 2 (the default [2, N//2, N-3]); steps.export "
+                       "writes other ids in this family's own convention (unshifted)")
     if num_layers is not None:
         try:
             check_capturable(captured, int(num_layers))
@@ -53,11 +66,6 @@ def check_aux_layers(config: dict[str, Any], engine: str, *, num_layers: int | N
             return Finding("F4", "fail", where, f"{evidence}: {err}",
                            "re-extract and retrain on layers this target can capture (internal ids 1..N−1; the last "
                            "layer's output never is), or export for the target the draft was trained on")
-        if engine == "sglang" and ids and target_arch in PLUS_ONE_ONLY_IF_FIRST_IS_ONE and captured[0] != 2:
-            return Finding("F4", "fail", where, f"{IDS_FIELD[engine]}={ids} with a {target_arch} target: SGLang adds "
-                           f"+1 for this family only when the first id is 1, so it would capture internal {ids} "
-                           f"instead of the trained {captured}",
-                           "train with aux layer ids starting at internal 2 (the default [2, N//2, N-3])")
     if trained is not None and trained != captured:
         return Finding("F4", "fail", where, f"{evidence}, but the draft was trained on internal {trained} (export "
                        "manifest): acceptance quietly lower",
@@ -66,9 +74,10 @@ def check_aux_layers(config: dict[str, Any], engine: str, *, num_layers: int | N
                    + ("" if num_layers is None else f"; capturable in a {num_layers}-layer target"))
 
 
-def layer_id_findings(config: dict[str, Any], engine: str, expected: list[int] | None, where: str) -> list[Finding]:
+def layer_id_findings(config: dict[str, Any], engine: str, expected: list[int] | None, where: str,
+                      target_arch: str | None = None) -> list[Finding]:
     """F4 for the strict checker: ids present where the engine reads them, ascending and unique, and equal to
-    the `expected` internal ids in the engine's convention."""
+    the `expected` internal ids in the engine's convention for a `target_arch` target."""
     ids, field = engine_layer_ids(config, engine), f"{where}:{IDS_FIELD[engine]}"
     if ids is None:
         return [Finding("F4", "fail", field, "required field is missing or null", "re-export with steps.export")]
@@ -76,8 +85,15 @@ def layer_id_findings(config: dict[str, Any], engine: str, expected: list[int] |
     if ids != sorted(set(ids)):
         out.append(Finding("F4", "fail", field, f"{ids} must be ascending and unique (the engine captures in "
                            "ascending order)", "re-export with steps.export"))
-    if expected is not None and ids != to_engine(list(expected), engine):
-        out.append(Finding("F4", "fail", field, f"expected {to_engine(list(expected), engine)} ({engine} convention of "
-                           f"internal {list(expected)}), got {ids} (the engine would capture internal "
-                           f"{from_engine(ids, engine)}): acceptance quietly lower", "re-export with steps.export"))
+    if expected is None:
+        return out
+    try:
+        want = to_engine(list(expected), engine, target_arch)
+    except InexpressibleLayerIds as err:
+        return out + [Finding("F4", "fail", field, str(err), "re-extract and retrain on expressible layer ids")]
+    if ids != want:
+        out.append(Finding("F4", "fail", field, f"expected {want} ({engine} convention of internal {list(expected)}"
+                           f"{'' if target_arch is None else ' for a ' + target_arch + ' target'}), got {ids} (the "
+                           f"engine would capture internal {from_engine(ids, engine, target_arch)}): acceptance "
+                           "quietly lower", "re-export with steps.export"))
     return out

@@ -67,7 +67,8 @@ def check_engine_dir(path: str | Path, engine: str, *, expect: dict[str, Any] | 
     findings = config_findings(config, engine, where, expect={k: expect[k] for k in ("hidden_size",
                                "draft_vocab_size", "dtype") if k in expect})
     findings += check_aux_capture_flag(config, engine, where)
-    findings += layer_id_findings(config, engine, expect.get("layer_ids"), where)
+    findings += layer_id_findings(config, engine, expect.get("layer_ids"), where,
+                                  target_arch=expect.get("target_architecture"))
     if "context_length" in expect:
         context = check_context(layer.get("max_position_embeddings"), expect["context_length"],
                                 where=f"{where}:max_position_embeddings")

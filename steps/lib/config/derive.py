@@ -7,11 +7,12 @@ from typing import Any
 
 from steps.lib.config.schema import PipelineConfig
 from steps.lib.errors import ConfigError
-from steps.lib.layer_ids import check_capturable, default_aux_layer_ids
+from steps.lib.layer_ids import check_capturable, check_expressible, default_aux_layer_ids
 
 
-def resolve_aux_layer_ids(cfg: PipelineConfig, num_hidden_layers: int) -> list[int]:
-    """The aux layer ids actually captured (internal convention), validated against the target."""
+def resolve_aux_layer_ids(cfg: PipelineConfig, num_hidden_layers: int, target_arch: str | None = None) -> list[int]:
+    """The aux layer ids actually captured (internal convention), validated against the target: capturable,
+    and expressible in each exported engine's config for a target of architecture `target_arch` (F4)."""
     configured = cfg.extract.aux_layer_ids
     if configured is not None and not configured:
         raise ConfigError("extract.aux_layer_ids=[] captures nothing; leave it unset for the default "
@@ -19,6 +20,8 @@ def resolve_aux_layer_ids(cfg: PipelineConfig, num_hidden_layers: int) -> list[i
     try:
         ids = list(configured) if configured is not None else default_aux_layer_ids(num_hidden_layers)
         check_capturable(ids, num_hidden_layers)
+        for engine in cfg.export.engines:       # refused before hours of extraction, not at export
+            check_expressible(ids, engine, target_arch)
     except ValueError as err:
         raise ConfigError(f"extract.aux_layer_ids: {err}") from None
     return ids

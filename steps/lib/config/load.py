@@ -38,19 +38,31 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | None, source: s
     return data
 
 
+def _field_name(loc: tuple) -> str:
+    """A dotted field name from pydantic's location, less the union branches it adds for a field of
+    several types (`train.epochs.constrained-float` is `train.epochs`)."""
+    parts = [str(p) for p in loc if isinstance(p, int) or str(p).isidentifier()]
+    return ".".join(parts) or "(top level)"
+
+
 def _format_validation_error(source: str, err: ValidationError) -> str:
     lines = [f"{source}: invalid config"]
+    by_field: dict[str, list[str]] = {}        # a union field fails once per branch: one line for them all
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        field = _field_name(e["loc"])
         if e["type"] == "extra_forbidden":
-            lines.append(f"  - {field}: unknown field; check the spelling against steps/lib/config/schema.py")
+            by_field.setdefault(field, []).append("unknown field; check the spelling against "
+                                                  "steps/lib/config/schema.py")
         elif e["type"] == "missing":
-            lines.append(f"  - {field}: required field is missing")
+            by_field.setdefault(field, []).append("required field is missing")
         else:
             msg = e["msg"].removeprefix("Value error, ")
             # A cross-field rule's input is a whole section; echoing it buries the message.
             got = "" if isinstance(e.get("input"), dict) else f" (got {e.get('input')!r})"
-            lines.append(f"  - {field}: {msg}{got}")
+            reasons = by_field.setdefault(field, [])
+            reasons.append(msg if reasons and got and reasons[-1].endswith(got) else msg + got)
+    for field, reasons in by_field.items():
+        lines.append(f"  - {field}: {' or '.join(reasons)}")
     return "\n".join(lines)
 
 

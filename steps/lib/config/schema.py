@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -100,16 +100,44 @@ class TargetConfig(Section):
 # --- dataset and datagen -----------------------------------------------------------------------
 
 class PromptSource(Section):
-    #: builtin sources ship in packages (offline); `file` is JSONL/parquet/a saved `datasets` dir.
-    kind: Literal["sharegpt", "humaneval", "stdlib", "topics", "pydoc", "mtbench", "file"]
+    #: builtin sources ship in packages (offline); `file` is JSONL/parquet/a saved `datasets` dir;
+    #: `synthetic`: `count` prompts the target writes itself (datagen, `dataset.synthetic`).
+    kind: Literal["sharegpt", "humaneval", "stdlib", "topics", "pydoc", "mtbench", "file", "synthetic"]
     path: str | None = None
     limit: Count | None = None
+    count: Count | None = None
 
     @model_validator(mode="after")
     def _path_for_file(self) -> PromptSource:
         if self.kind == "file" and not self.path:
             raise ValueError("dataset source kind=file requires a path (JSONL, parquet or a datasets dir)")
+        if (self.kind == "synthetic") != (self.count is not None):
+            raise ValueError("dataset source kind=synthetic takes `count` (the prompts the target writes), "
+                             "and only it: {kind: synthetic, count: N}")
+        if self.kind == "synthetic" and self.limit is not None:
+            raise ValueError("dataset source kind=synthetic is sized by `count`, not `limit`; remove `limit`")
         return self
+
+
+class SyntheticConfig(Section):
+    """User turns the target writes itself, Magpie-style (steps/lib/data/synthetic.py): the chat template
+    rendered up to a user turn, the target samples the user's words. Used by `synthetic` sources and by
+    datagen's second turns (`datagen.turns: 2`); always filtered, deduplicated and decontaminated."""
+    #: sampling temperature of a user turn: variety (1.2 gives word salad on SmolLM2-135M, 0.8 questions).
+    temperature: Positive = 0.8
+    #: tokens a user turn may take; one still unfinished there is dropped as too long.
+    max_tokens: Count = 128
+    #: system prompts a conversation starts with, drawn at random (seeded); null: the template's own default.
+    system_prompts: list[str | None] = [None, None, "You are a helpful assistant.",
+                                        "You are a knowledgeable assistant. Answer clearly and accurately.",
+                                        "You are a friendly assistant who explains things step by step."]
+    #: fraction of first turns written under a hint (an MT-bench category and a seed topic) in the
+    #: system prompt the target writes them under; the conversation itself keeps the plain system prompt.
+    topic_hints: Fraction = 0.5
+    #: near-duplicate threshold: word-shingle Jaccard similarity at which a prompt repeats a kept one.
+    near_duplicate: Annotated[float, Field(gt=0, le=1)] = 0.7
+    #: candidates written per prompt kept, at most: generation stops there even if filters left fewer.
+    max_attempts: Count = 4
 
 
 class DatasetConfig(Section):
@@ -121,12 +149,18 @@ class DatasetConfig(Section):
     eval_categories: list[str] | None = None
     #: prompts of the mixed sources kept out of training: verify's in-distribution τ (0: none).
     held_out: Natural = 0
+    #: drop every offline prompt sharing a 13-gram with a reported benchmark (MT-bench both turns,
+    #: HumanEval: steps/lib/data/decontaminate.py); synthetic prompts and written turns always are.
+    decontaminate: bool = False
+    synthetic: SyntheticConfig = SyntheticConfig()
 
     @field_validator("sources")
     @classmethod
     def _no_eval_leak(cls, v: list[PromptSource]) -> list[PromptSource]:
         if any(s.kind == "mtbench" for s in v):
             raise ValueError("mtbench is the held-out evaluation set; remove it from dataset.sources")
+        if sum(s.kind == "synthetic" for s in v) > 1:
+            raise ValueError("one source of kind=synthetic at most; add up their counts in one")
         return v
 
 
@@ -150,11 +184,21 @@ class DatagenConfig(Section):
     #: waiting retry_backoff_s, then twice as long each time (at most 30 s).
     retries: Natural = 5
     retry_backoff_s: NonNegative = 1.0
+    #: `local` backend's decoder: `loop` (steps/lib/model/decode.py, float32), `engine` (static KV cache, CUDA
+    #: graphs, `batch_size` slots refilled as rows finish; bfloat16 on a GPU, the served dtype), `auto`: the
+    #: engine on a GPU for a Llama-family target, else the loop. `auto` stays out of the dataset id.
+    decoder: Literal["auto", "loop", "engine"] = "auto"
+    #: user turns per conversation: 2 has the target write a second user turn after its first answer
+    #: (`dataset.synthetic`) and answer it, turn by turn; the loss covers both answers.
+    turns: Literal[1, 2] = 1
 
     @model_validator(mode="after")
     def _url_for_openai(self) -> DatagenConfig:
         if self.backend == "openai" and not self.server_url:
             raise ValueError("datagen.backend=openai requires datagen.server_url")
+        if self.backend == "openai" and self.turns == 2:
+            raise ValueError("datagen.turns=2 needs datagen.backend=local (the target writes the second user "
+                             "turn from its own chat template); set datagen.turns: 1 or backend: local")
         return self
 
 
@@ -162,8 +206,10 @@ class DatagenConfig(Section):
 
 class ExtractConfig(Section):
     #: `local`: in-process forward with hooks; `sglang`: a server started with
-    #: --enable-return-aux-hidden-states (how a TP=8 target is extracted).
-    backend: Literal["local", "sglang"] = "local"
+    #: --enable-return-aux-hidden-states; `sharded`: in-process like `local`, the target split over every
+    #: torchrun rank by transformers' tensor-parallel plan (`tp_plan="auto"`), one forward for aux and
+    #: final states, rank 0 the one writer (a target that does not fit one device).
+    backend: Literal["local", "sglang", "sharded"] = "local"
     #: an SGLang server started with --enable-return-aux-hidden-states (aux rows per token).
     server_url: str | None = None
     #: an SGLang server started with --enable-return-hidden-states (post-norm final rows): SGLang's
@@ -226,7 +272,8 @@ class TrainConfig(Section):
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.05
     weight_decay: NonNegative = 0.0
     grad_clip: Positive = 0.5
-    epochs: Positive = 1.0
+    #: passes over the data; `auto`: from the data's size (steps.lib.training.plan.auto_epochs).
+    epochs: Positive | Literal["auto"] = 1.0
     #: None: no cap beyond epochs; 0: the untrained control.
     max_steps: Natural | None = None
     #: tokens per optimizer step (sequences are packed up to max_length).
@@ -245,6 +292,10 @@ class TrainConfig(Section):
     #: Not part of the draft's id: the loss curve is the same at any world size.
     parallel: Literal["auto", "ddp", "fsdp"] = "auto"
     fsdp_min_params: Natural = 600_000_000
+    #: where the aux + final hidden states come from: `offline` reads the `hidden` artifact that extract
+    #: wrote (extract once, retrain many times); `online` runs the target inside the training job on the
+    #: same device(s), nothing stored. Not part of the draft's id at its default (existing ids unchanged).
+    hidden_states: Literal["offline", "online"] = "offline"
     #: τ while training (steps/lib/training/evaluate.py): every `eval_every` optimizer steps (and after the
     #: last) the simulated acceptance length τ_sim on a held-out `eval_fraction` of the sequences (never
     #: trained on; at most `eval_max_tokens` of them evaluated). 0 turns it off and trains on everything.
@@ -304,6 +355,26 @@ class VerifyConfig(Section):
     #: prompts of the dataset's held-out split (dataset.held_out) to measure in-distribution τ on
     #: (None: all of them; 0: skip, as the demo's untrained control does).
     in_distribution_prompts: Natural | None = None
+    #: MT-bench turns measured: 2 also decodes each question's second turn after the target's own first
+    #: answer (plain greedy, up to max_new_tokens) as history, as the anchors (SpecForge/SpecBundle) measure.
+    turns: Literal[1, 2] = 1
+    #: chain lengths k measured (τ at each, e.g. [3, 7] for 3/1/4 and 7/1/8); must hold serve.num_steps,
+    #: the served k whose τ is the headline `tau` (F9 compares it with live τ). None: serve.num_steps only.
+    chain_lengths: Annotated[list[Count], Field(min_length=1)] | None = None
+    #: prompts decoded at once (the batched engine; 1: the one-request engine). How work is batched, not
+    #: what is measured: never in the verify id.
+    batch_size: Count = 1
+    #: a speculative token that differs from plain greedy's counts as a near tie, not a mismatch, when the
+    #: target's logit of plain's token exceeds the speculative one's by at most this (a bf16 argmax flips
+    #: between a k+1-token verify forward and a one-token forward at gaps of a bf16 ulp or two; 0: exact,
+    #: as on a CPU in float32). Each near tie is reported with its gap.
+    tie_tolerance: NonNegative = 0.0
+    #: bootstrap resamplings of the prompts for each τ's 95% interval (`tau_interval`, seeded by `seed`).
+    bootstrap_samples: Count = 1000
+
+    #: fields whose default leaves the verify id as it was before they existed.
+    ID_NEUTRAL_DEFAULTS: ClassVar[dict[str, object]] = {"turns": 1, "chain_lengths": None, "tie_tolerance": 0.0,
+                                                        "bootstrap_samples": 1000}
 
 
 class ServeConfig(Section):
@@ -381,6 +452,12 @@ class PipelineConfig(Section):
         if t.context_length is not None and self.train.max_length > t.context_length:
             raise ValueError(f"train.max_length={self.train.max_length} exceeds "
                              f"target.context_length={t.context_length}")
+        if self.verify.chain_lengths is not None and self.serve.num_steps not in self.verify.chain_lengths:
+            raise ValueError(f"verify.chain_lengths={self.verify.chain_lengths} must contain serve.num_steps="
+                             f"{self.serve.num_steps}, the served chain length whose τ is the headline (F9)")
+        if self.datagen.backend == "openai" and any(s.kind == "synthetic" for s in self.dataset.sources):
+            raise ValueError("dataset source kind=synthetic needs datagen.backend=local (the target writes "
+                             "the prompts from its own chat template); remove the source or use backend: local")
         if self.serve.eagle_topk == 1 and self.serve.num_draft_tokens != self.serve.num_steps + 1:
             raise ValueError(f"serve.num_draft_tokens={self.serve.num_draft_tokens} with "
                              f"serve.eagle_topk=1 must be serve.num_steps+1={self.serve.num_steps + 1} "

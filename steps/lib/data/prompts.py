@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from steps.lib.config import DatagenConfig, DatasetConfig, InputError, PipelineConfig, PromptSource
+from steps.lib.data.chat import chat_token_ids
+from steps.lib.data.decontaminate import NgramIndex, decontaminate
 from steps.lib.data.topics import load_pydoc, load_topics
 from steps.lib.home import local_path
 from steps.lib.store import content_sha256, open_store
@@ -120,14 +122,6 @@ def load_mtbench(categories: list[str] | None = None, limit: int | None = None) 
     return out[:limit] if limit is not None else out
 
 
-def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """A prompt in the target's chat template, ready for the assistant's turn, as token ids."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if not isinstance(ids, list):        # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
-
-
 def held_out_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[str, list[int]]]:
     """MT-bench first turns as chat-templated token ids (held out from training data): verify's offline τ,
     serve's smoke test and the benchmark all measure on these, so their τ are comparable."""
@@ -138,12 +132,41 @@ def held_out_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[str, lis
     return out
 
 
+def second_turn_prompts(cfg: PipelineConfig, tokenizer: Any, first_answers: dict[str, str]
+                        ) -> list[tuple[str, list[int]]]:
+    """MT-bench second turns after the target's own first answers (`first_answers`: prompt id -> the answer's
+    text), chat-templated as serving applies the template (its default system prompt included): verify's
+    two-turn τ, measured as the anchors measure it. Ids are `<first turn id>-turn2`."""
+    out = []
+    for p in load_mtbench(cfg.verify.categories, cfg.verify.num_prompts):
+        if len(p["turns"]) < 2 or p["id"] not in first_answers:
+            continue
+        history = [m for m in p["messages"] if m["role"] != "assistant"][:2]   # optional system + turn 1
+        messages = [*history, {"role": "assistant", "content": first_answers[p["id"]]},
+                    {"role": "user", "content": p["turns"][1]}]
+        out.append((f"{p['id']}-turn2", chat_token_ids(tokenizer, messages)))
+    return out
+
+
 def load_humaneval() -> list[dict[str, Any]]:
     """HumanEval's 164 function stubs as 'complete this function' requests."""
     with gzip.open(package_file(*HUMANEVAL_FILE), "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [_prompt(f"humaneval-{r['task_id'].split('/')[-1]}", "humaneval",
                     f"Complete the following Python function:\n```python\n{r['prompt']}```") for r in rows]
+
+
+def benchmark_texts() -> dict[str, list[str]]:
+    """The texts of every benchmark set eaglenest reports, by set: MT-bench both turns, HumanEval's stubs."""
+    with gzip.open(package_file(*HUMANEVAL_FILE), "rt") as f:
+        humaneval = [json.loads(line)["prompt"] for line in f if line.strip()]
+    return {"mtbench": [t for q in load_mtbench() for t in q["turns"]], "humaneval": humaneval}
+
+
+@functools.lru_cache(maxsize=1)
+def benchmark_index() -> NgramIndex:
+    """The 13-gram index of every reported benchmark set (steps/lib/data/decontaminate.py), built once."""
+    return NgramIndex(benchmark_texts())
 
 
 #: stdlib packages that are tests, demos or tools rather than library API.
@@ -363,6 +386,8 @@ def load_source(src: PromptSource, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_T
         raise ValueError("mtbench is the held-out evaluation set; use load_mtbench(), not a training source")
     if src.kind == "file":
         return load_file(dataset_file(str(src.path)), max_prompt_tokens)
+    if src.kind == "synthetic":     # written by the target itself in datagen (steps/lib/data/synthetic.py)
+        return []
     return BUILTIN[src.kind]()
 
 
@@ -384,8 +409,10 @@ def source_files_sha256(cfg: DatasetConfig) -> dict[str, str]:
     return out
 
 
-def _mixed_prompts(cfg: DatasetConfig, seed: int, max_prompt_tokens: int) -> list[dict[str, Any]]:
-    """Every source shuffled (seeded) and cut to its limit, mixed and shuffled, MT-bench questions dropped."""
+def _mixed_prompts(cfg: DatasetConfig, seed: int, max_prompt_tokens: int,
+                   ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Every source shuffled (seeded) and cut to its limit, mixed and shuffled, MT-bench questions dropped
+    (with `cfg.decontaminate` every prompt overlapping a reported benchmark); (prompts, {what: dropped})."""
     held_out = {p["messages"][-1]["content"].strip() for p in load_mtbench()}
     rng = random.Random(seed)
     mixed: list[dict[str, Any]] = []
@@ -394,24 +421,38 @@ def _mixed_prompts(cfg: DatasetConfig, seed: int, max_prompt_tokens: int) -> lis
         rng.shuffle(rows)
         mixed += rows[: src.limit] if src.limit is not None else rows
     kept = [p for p in mixed if p["messages"][-1]["content"].strip() not in held_out]
+    counts = {"mtbench_questions": len(mixed) - len(kept)}
     if len(kept) < len(mixed):
         print(f"prompts: dropped {len(mixed) - len(kept)} prompts equal to MT-bench questions (held out)",
               file=sys.stderr)
     seen: set[str] = set()      # the same question from two sources is answered (and trained on) once
+    before = len(kept)
     kept = [p for p in kept if not (p["messages"][-1]["content"].strip() in seen
                                     or seen.add(p["messages"][-1]["content"].strip()))]
+    counts["exact_duplicate"] = before - len(kept)
+    if cfg.decontaminate:
+        kept, dropped = decontaminate(kept, benchmark_index())
+        counts |= {f"contaminated_{name}": dropped.get(name, 0) for name in benchmark_texts()}
     rng.shuffle(kept)
-    return kept
+    return kept, counts
+
+
+def training_prompts(cfg: DatasetConfig, seed: int, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+                     ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """`load_prompts` and the counts of what the mix dropped ({"mtbench_questions", "exact_duplicate",
+    and with `cfg.decontaminate` "contaminated_<benchmark>"}: the dataset manifest records them)."""
+    mixed, counts = _mixed_prompts(cfg, seed, max_prompt_tokens)
+    kept = mixed[cfg.held_out:]
+    kept = kept[: cfg.max_prompts] if cfg.max_prompts is not None else kept
+    _check_unique_ids(kept)
+    return kept, counts
 
 
 def load_prompts(cfg: DatasetConfig, seed: int,
                  max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> list[dict[str, Any]]:
     """Training prompts: the mix without its first `cfg.held_out` (the in-distribution split), capped;
     `max_prompt_tokens` (datagen's) bounds the size of a file's row."""
-    kept = _mixed_prompts(cfg, seed, max_prompt_tokens)[cfg.held_out:]
-    kept = kept[: cfg.max_prompts] if cfg.max_prompts is not None else kept
-    _check_unique_ids(kept)
-    return kept
+    return training_prompts(cfg, seed, max_prompt_tokens)[0]
 
 
 def in_distribution_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[str, list[int]]]:
@@ -421,7 +462,7 @@ def in_distribution_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[s
         cfg.verify.in_distribution_prompts, cfg.dataset.held_out)
     if n == 0:
         return []
-    mixed = _mixed_prompts(cfg.dataset, cfg.seed, cfg.datagen.max_prompt_tokens)
+    mixed, _ = _mixed_prompts(cfg.dataset, cfg.seed, cfg.datagen.max_prompt_tokens)
     return [(p["id"], chat_token_ids(tokenizer, p["messages"])) for p in mixed[:n]]
 
 

@@ -97,6 +97,11 @@ def _decode(stored: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return x * scale if scale is not None else x
 
 
+def decode_states(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`encode_states`' tensors (or a shard's) -> float32 `aux_hidden` / `final_hidden`, as training reads them."""
+    return {f"{n}_hidden": _decode(stored[f"{n}_hidden"], stored.get(f"{n}_scale")) for n in ("aux", "final")}
+
+
 def write_shard(path: str | Path, input_ids: list[list[int]], loss_masks: list[list[int]],
                 aux: torch.Tensor, final: torch.Tensor, *, layer_ids: list[int],
                 storage_dtype: str = "bfloat16") -> dict[str, int]:
@@ -187,8 +192,7 @@ def read_shard(path: str | Path) -> dict[str, Any]:
                          f"{meta.get('format')!r}, expected {FORMAT!r}); re-run extract")
     return {
         "input_ids": raw["input_ids"], "loss_mask": raw["loss_mask"], "cu_seqlens": raw["cu_seqlens"],
-        "aux_hidden": _decode(raw["aux_hidden"], raw.get("aux_scale")),
-        "final_hidden": _decode(raw["final_hidden"], raw.get("final_scale")),
+        **decode_states(raw),
         "layer_ids": json.loads(meta["layer_ids"]), "hidden_size": int(meta["hidden_size"]),
         "dtype": meta["dtype"],
     }

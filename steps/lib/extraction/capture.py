@@ -11,7 +11,9 @@ extraction then costs the GPU no more than the bare forward (docs/PERFORMANCE.md
 
 from __future__ import annotations
 
+import logging
 import queue
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -22,7 +24,13 @@ from steps.lib.artifacts import inference_device, load_target
 from steps.lib.config import PipelineConfig
 from steps.lib.data.shards import encode_states
 from steps.lib.http import get_json, post_json
+from steps.lib.runtime import distributed
 from steps.lib.store import Store
+
+log = logging.getLogger("eaglenest.extract")
+
+#: an extraction planned or measured longer than this is refused, naming the faster backend.
+ABSURD_EXTRACT_HOURS = 24 * 7
 
 #: pinned host buffer sets per GPU backend: one being filled by the copies, one being read by the
 #: shard writer. A third would only let the forward run further ahead of a writer that is slower.
@@ -176,20 +184,95 @@ class LocalBackend:
         return Pending(host, spans, landed, on_release=lambda: self._slots.put(slot))
 
 
-def aux_server_args(layer_ids: list[int]) -> list[str]:
-    """SGLang's flags for the aux-capture server of extraction (internal layer ids; SGLang's are one less).
+def aux_server_args(layer_ids: list[int], arch: str | None = None) -> list[str]:
+    """SGLang's flags for the aux-capture server of extraction (internal layer ids; SGLang's per `arch`'s family rule).
 
     `--speculative-algorithm EAGLE3` only names the capture convention here: with the aux flag SGLang
     resets it and starts no speculative stack (tests/integration/test_sglang_parser.py runs SGLang's
     parser and validation on exactly these flags).
     """
     return ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
-            "--return-aux-hidden-state-layer-ids", *map(str, layers.to_engine(list(layer_ids), "sglang")),
+            "--return-aux-hidden-state-layer-ids", *map(str, layers.to_engine(list(layer_ids), "sglang", arch)),
             "--disable-radix-cache"]
 
 
 #: SGLang's flags for the final-hidden server of extraction (the state after the final norm).
 FINAL_SERVER_ARGS = ("--enable-return-hidden-states", "--disable-radix-cache")
+
+
+class ShardedBackend(LocalBackend):
+    """`LocalBackend` on a target sharded over every rank of the process group by transformers'
+    tensor-parallel plan (`extract.backend: sharded`).
+
+    The sharded forward is collective: every rank must run it on the same batch at the same time.
+    Rank 0 (the one writer) broadcasts each batch before its forward; the other ranks `follow()`,
+    running the same forwards and dropping the states, until rank 0 `release()`s them. The hooks read
+    the residual stream and final norm output, which transformers' plan leaves replicated (the
+    row-wise layers all-reduce), so rank 0's states are the whole model's.
+    """
+
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int], world: distributed.World, *,
+                 pad_token_id: int = 0):
+        super().__init__(model, layer_ids, pad_token_id=pad_token_id)
+        self.world = world
+
+    def _forward(self, batch_input_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        distributed.broadcast_object(self.world, batch_input_ids)
+        return super()._forward(batch_input_ids)
+
+    @torch.inference_mode()
+    def follow(self) -> int:
+        """Ranks > 0: run rank 0's forwards until it releases us; the number of batches run."""
+        batches = 0
+        while (batch := distributed.broadcast_object(self.world, None)) is not None:
+            super()._forward(batch)
+            batches += 1
+        return batches
+
+    def release(self) -> None:
+        """Rank 0: no more batches (also after a failure, so that no rank waits for a forward forever)."""
+        distributed.broadcast_object(self.world, None)
+
+
+def load_sharded(store: Store, target_id: str, layer_ids: list[int], world: distributed.World) -> ShardedBackend:
+    """Every rank together: the target split by transformers' tensor-parallel plan, as a ShardedBackend."""
+    device = world.device
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, tokenizer = load_target(store, target_id, device=str(device), dtype=dtype, tp_plan="auto")
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    split = sum(p.numel() for p in params if isinstance(p, DTensor) or isinstance(p.data, DTensor))
+    total = sum(p.numel() for p in params)
+    if not split:
+        raise ValueError(f"extract.backend=sharded: transformers has no tensor-parallel plan for "
+                         f"{type(model).__name__} (nothing was split over the {world.size} ranks); use "
+                         "extract.backend=local on a device that holds it, or sglang")
+    log.info("extract: target split over %d ranks by transformers' tensor-parallel plan: %d of %d parameters "
+             "in DTensor shards", world.size, split, total)
+    return ShardedBackend(model, layer_ids, world, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)
+
+
+def find_field(info: Any, name: str) -> Any:
+    """`name` in a server_info answer, at the top level or in a nested section (its layout moves between
+    SGLang versions); None when absent."""
+    if isinstance(info, dict):
+        if name in info:
+            return info[name]
+        for value in info.values():
+            if (found := find_field(value, name)) is not None:
+                return found
+    return None
+
+
+def check_chunked_prefill_off(info: dict[str, Any], url: str) -> None:
+    """SGLang stores no hidden rows for the middle chunks of a chunked prefill (the H200 default chunk is 8192
+    tokens): every longer sequence would come back short. Refused unless the server says it is off (-1)."""
+    size = find_field(info, "chunked_prefill_size")
+    if size is None or int(size) > 0:
+        raise ValueError(f"SGLang server {url}: chunked prefill is "
+                         f"{'not reported off' if size is None else f'on (chunked_prefill_size={size})'}, and its "
+                         "middle chunks return no hidden states; relaunch it with --chunked-prefill-size -1")
 
 
 class SGLangBackend:
@@ -213,34 +296,60 @@ class SGLangBackend:
     """
 
     def __init__(self, aux_url: str, final_url: str | None, layer_ids: list[int], *, hidden_size: int,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, target_arch: str | None = None):
         if not final_url:
             raise ValueError("extract.backend=sglang needs two servers: extract.server_url (launched with "
-                             f"{' '.join(aux_server_args(layer_ids))}) and extract.final_server_url (launched "
-                             f"with {' '.join(FINAL_SERVER_ARGS)}), because SGLang's aux response does not "
-                             "carry the final hidden state")
+                             f"{' '.join(aux_server_args(layer_ids, target_arch))}) and "
+                             f"extract.final_server_url (launched with {' '.join(FINAL_SERVER_ARGS)}), "
+                             "because SGLang's aux response does not carry the final hidden state")
         self.aux_url, self.final_url = aux_url.rstrip("/"), final_url.rstrip("/")
         self.layer_ids, self.hidden_size, self.timeout_s = list(layer_ids), hidden_size, timeout_s
-        self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang")
+        # --return-aux-hidden-state-layer-ids goes through the target class's set_eagle3_layers_to_capture:
+        # its family's rule applies (DeepSeek: +1 only when the first id is 1)
+        self.target_arch = target_arch
+        self.sglang_layer_ids = layers.to_engine(self.layer_ids, "sglang", target_arch)
+        #: tokens the job will send (set by `expect`): the first batch's rate gives its ETA.
+        self.total_tokens: int | None = None
+        log.info("extract: the sglang backend needs two servers of the target at once (aux %s, final %s), each "
+                 "holding all of its weights: twice the target's memory", self.aux_url, self.final_url)
+
+    def expect(self, total_tokens: int) -> None:
+        """The tokens this job will send: after the first batch the ETA is printed, and an absurd one refused."""
+        self.total_tokens = total_tokens
 
     def check_server(self, num_hidden_layers: int) -> None:
-        """Refuse an aux server that captures other layers than the ones recorded (F4)."""
+        """Refuse a server with chunked prefill on, and an aux server that captures other layers than the ones
+        recorded (F4)."""
+        for url in (self.aux_url, self.final_url):
+            check_chunked_prefill_off(self._get(f"{url}/server_info"), url)
         info = self._get(f"{self.aux_url}/server_info")
         ids = info.get("return_aux_hidden_state_layer_ids")
         if ids is None:  # the server captures the model's EAGLE-3 defaults
             captured = layers.default_aux_layer_ids(num_hidden_layers)
         else:
-            captured = layers.from_engine(list(ids), "sglang")
+            captured = layers.from_engine(list(ids), "sglang", self.target_arch)
         if captured != self.layer_ids:
             raise ValueError(
                 f"SGLang server {self.aux_url} captures internal layers {captured} "
                 f"(--return-aux-hidden-state-layer-ids={ids}), but extract records {self.layer_ids}; "
-                f"relaunch it with {' '.join(aux_server_args(self.layer_ids))} (SGLang ids = internal − 1)")
+                f"relaunch it with {' '.join(aux_server_args(self.layer_ids, self.target_arch))}")
 
     def capture(self, batch_input_ids: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        start = time.perf_counter()
         aux = self._prefill_hidden(self.aux_url, batch_input_ids, len(self.layer_ids) * self.hidden_size)
         final = self._prefill_hidden(self.final_url, batch_input_ids, self.hidden_size)
+        if self.total_tokens is not None:
+            self._check_eta(sum(map(len, batch_input_ids)) / max(time.perf_counter() - start, 1e-9))
         return list(zip(aux, final, strict=True))
+
+    def _check_eta(self, tok_per_s: float) -> None:
+        """Once, after the first batch: the whole job's ETA at this rate; refused when absurd."""
+        hours, self.total_tokens = self.total_tokens / tok_per_s / 3600, None
+        log.info("extract: sglang backend at %.0f tok/s on the first batch: ETA %.1f h", tok_per_s, hours)
+        if hours > ABSURD_EXTRACT_HOURS:
+            raise ValueError(f"extract.backend=sglang: {tok_per_s:.0f} tok/s on the first batch (hidden states "
+                             f"through JSON) puts the job at {hours:,.0f} h; use extract.backend=sharded (the "
+                             "target in-process over torchrun's ranks, states binary to the shard writer)")
 
     def capture_async(self, batch_input_ids: list[list[int]], storage_dtype: str) -> Pending:
         rows = self.capture(batch_input_ids)
@@ -283,7 +392,8 @@ def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: l
     """The SGLang client, or the target loaded on `device` (default: the first GPU, else the CPU)."""
     if cfg.extract.backend == "sglang":
         backend = SGLangBackend(str(cfg.extract.server_url), cfg.extract.final_server_url,
-                                layer_ids, hidden_size=tcfg["hidden_size"])
+                                layer_ids, hidden_size=tcfg["hidden_size"],
+                                target_arch=layers.target_architecture(tcfg))
         backend.check_server(tcfg["num_hidden_layers"])
         return backend
     # fp32 on CPU (bf16 is ~20x slower on an AVX2 CPU), bf16 on CUDA.

@@ -31,7 +31,9 @@ from steps.lib.formats.common import (
     WEIGHTS_FILE,
     EngineFormat,
     Resolution,
+    draft_file,
     expected_shapes,
+    read_config,
     read_json,
 )
 
@@ -109,4 +111,4 @@ def draft_config(config: dict[str, Any], engine: str) -> DraftConfig:
 __all__ = ["ARCHITECTURES", "CANONICAL_KEYS", "CONFIG_BUILDERS", "CONFIG_FILE", "ENGINES", "FLOAT_DTYPES",
            "INDEX_DTYPES", "KEY_MAPS", "OPTIONAL_KEYS", "RESOLVERS", "ST_DTYPES", "WEIGHTS_FILE", "EngineFormat",
            "Resolution", "draft_config", "engine_format", "engine_key_map", "engine_layer_ids", "expected_shapes",
-           "layer_config", "read_json", "write_engine_dir"]
+           "draft_file", "layer_config", "read_config", "read_json", "write_engine_dir"]

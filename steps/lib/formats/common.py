@@ -112,6 +112,33 @@ class EngineFormat:
     config_problems: Callable[[dict[str, Any]], list[tuple[str, str]]] = lambda config: []
 
 
+def draft_file(directory: Any, name: str) -> Any:
+    """`directory/name` of a draft or model directory, refused (`InputError`) when it is a symlink that leads
+    out of the directory (a draft from elsewhere must not make us read /etc/passwd or another user's files);
+    `FileNotFoundError` naming it when missing."""
+    from pathlib import Path
+
+    directory = Path(directory)
+    path = directory / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; a draft directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
+    real = path.resolve()
+    if not real.is_relative_to(directory.resolve()):
+        raise InputError(f"{path}: a symlink out of the draft directory (to {real}); copy the file into "
+                         f"{directory} instead")
+    return path
+
+
+def read_config(directory: Any) -> dict[str, Any]:
+    """The config.json of a draft directory as a JSON object (`draft_file`'s checks; a list or null refused)."""
+    path = draft_file(directory, CONFIG_FILE)
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: a JSON {type(config).__name__}, not an object of config fields; re-save it "
+                         "(save_pretrained, or re-run the step that wrote it)")
+    return config
+
+
 def read_json(path: Any) -> Any:
     """A JSON file of a draft or model directory (config.json); a corrupt one is an `InputError` naming it."""
     import json

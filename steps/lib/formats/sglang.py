@@ -81,7 +81,7 @@ def resolve(name: str) -> Resolution:
 # --- config.json ------------------------------------------------------------------------------------
 
 def build_config(draft: dict[str, Any], *, layer_ids: list[int], max_position_embeddings: int,
-                  dtype: str, **_: Any) -> dict[str, Any]:
+                  dtype: str, verifier_architectures: list[str] | None = None, **_: Any) -> dict[str, Any]:
     """`LlamaForCausalLMEagle3` config.json; aux ids in SGLang's convention inside `eagle_config` (F4, F7)."""
     return {
         "architectures": ARCHITECTURES,
@@ -90,8 +90,10 @@ def build_config(draft: dict[str, Any], *, layer_ids: list[int], max_position_em
         "draft_vocab_size": draft["draft_vocab_size"],
         "target_hidden_size": draft["target_hidden_size"],
         "bias": False,
-        # only eagle_config is read for target capture; SGLang adds +1 to these ids.
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": to_engine(layer_ids, "sglang"),
+        # only eagle_config is read for target capture; SGLang adds +1 to these ids (for some target
+        # families only when the first is 1: the conversion is per the target's architecture).
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": to_engine(layer_ids, "sglang",
+                                                                       (verifier_architectures or [None])[0]),
                          "use_aux_hidden_state": True},
     }
 
@@ -107,14 +109,15 @@ def layer_ids(config: dict[str, Any]) -> list[int] | None:
     return list(ids) if isinstance(ids, list) else None
 
 
-def sglang_layer_ids(sglang_dir: Path) -> list[int]:
-    """The layers SGLang would capture for this draft directory, internal convention (its +1 applied)."""
+def sglang_layer_ids(sglang_dir: Path, target_arch: str | None = None) -> list[int]:
+    """The layers SGLang would capture for this draft directory on a `target_arch` target, internal
+    convention (its +1 applied as that target's model class applies it)."""
     config = json.loads((Path(sglang_dir) / CONFIG_FILE).read_text())
     ids = layer_ids(config)
     if not ids:
         raise ValueError(f"{Path(sglang_dir) / CONFIG_FILE}: no eagle_config.eagle_aux_hidden_state_layer_ids; "
                          "SGLang would capture its defaults, not the trained layers (F4)")
-    return from_engine(ids, "sglang")
+    return from_engine(ids, "sglang", target_arch)
 
 
 #: config fields checked for exact equality (F7): (dotted field, value, what goes wrong otherwise,

@@ -51,10 +51,12 @@ class ServedModel:
 
         from steps.lib.formats.sglang import sglang_layer_ids
         from steps.lib.formats.sglang_loader import load_sglang_draft
+        from steps.lib.model.checkpoint_keys import key_mapping
         from steps.lib.model.reference_engine import Engine
 
         a = self.args
         target = AutoModelForCausalLM.from_pretrained(a.model_path, dtype=torch.float32, use_safetensors=True,
+                                                      key_mapping=key_mapping(a.model_path),
                                                       trust_remote_code=a.trust_remote_code).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(a.model_path, trust_remote_code=a.trust_remote_code)
         draft, layer_ids = None, []
@@ -63,7 +65,8 @@ class ServedModel:
             draft, report = load_sglang_draft(a.speculative_draft_model_path, target=target)
             self.load_report = report.to_dict()
             if ENGINE_ALGORITHM[a.speculative_algorithm] == "EAGLE3":
-                layer_ids = sglang_layer_ids(Path(a.speculative_draft_model_path))
+                layer_ids = sglang_layer_ids(Path(a.speculative_draft_model_path),      # as SGLang shifts them
+                                             (target.config.architectures or [None])[0])
         self.engine = Engine(target, self.tokenizer, draft, layer_ids=layer_ids, num_steps=a.speculative_num_steps,
                              algorithm=ENGINE_ALGORITHM.get(a.speculative_algorithm or "EAGLE3", "EAGLE3"))
 

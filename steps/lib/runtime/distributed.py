@@ -181,6 +181,20 @@ def all_gather_object(world: World, obj: T) -> list[T]:
     return out
 
 
+def broadcast_object(world: World, obj: T | None) -> T:
+    """Rank 0's `obj` on every rank (small JSON-like records)."""
+    if not world.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def solo(world: World) -> World:
+    """This rank as a world of its own: collectives are no-ops (the one writer of a tensor-parallel job)."""
+    return World(rank=0, local_rank=world.local_rank, size=1, device=world.device)
+
+
 def _comm_device(world: World) -> torch.device:
     # NCCL only moves device tensors; gloo only host tensors.
     return world.device if world.device.type == "cuda" else torch.device("cpu")

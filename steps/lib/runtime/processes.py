@@ -11,10 +11,17 @@ stack (`flows/stack.py`).
   stops early when the process died;
 - `forwarding_signals` stops the group when *we* get SIGTERM/SIGHUP (`docker stop`, a cancelled Prefect
   run): a child in its own session does not receive the signal its parent got, and would outlive us.
+- the reaper: every child `spawn` starts (from any thread: benchmark starts its servers from a thread
+  pool, where no signal handler can be set) and every child `track`ed is remembered process-wide;
+  `install_reaper`, called once from the main thread by each CLI, makes SIGTERM/SIGINT/SIGHUP stop them
+  all, run the `atexit` handlers (Prefect's temporary server, the spare step process) and then die by
+  the signal. A forked child forgets the parent's children and handlers (`os.register_at_fork`): it
+  must not stop, on its own SIGTERM, servers that belong to its parent.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -39,8 +46,9 @@ def spawn(argv: Sequence[str], *, log_path: str | Path, env: Mapping[str, str] |
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+        process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+    return track(process, group=True)
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:
@@ -65,7 +73,9 @@ def stop_group(pid: int, *, grace_s: float, running: Callable[[], bool]) -> None
 def stop_process(process: subprocess.Popen, grace_s: float) -> int:
     """`stop_group` for a process we hold a handle on; its exit code."""
     stop_group(process.pid, grace_s=grace_s, running=lambda: process.poll() is None)
-    return process.wait()
+    code = process.wait()
+    untrack(process)
+    return code
 
 
 def wait_until(ready: Callable[[], bool], *, timeout_s: float, alive: Callable[[], bool] = lambda: True,
@@ -130,3 +140,113 @@ def forwarding_signals(stop: Callable[[], object],
     finally:
         for sig, before in previous.items():
             signal.signal(sig, before)
+
+
+# --- the reaper ------------------------------------------------------------------------------------------
+
+#: how long the reaper waits for SIGTERMed process groups (servers) before SIGKILLing them
+REAP_GRACE_S = 10.0
+#: how long it waits for a plain child (a step process, which reaps its own servers first)
+REAP_CHILD_GRACE_S = 2 * REAP_GRACE_S + 5.0
+REAPED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+# pid -> (process, is it the leader of its own group); read without a lock by the signal handler (a dict
+# copy is atomic under the GIL), so the handler cannot deadlock on a lock the interrupted code holds
+_children: dict[int, tuple[subprocess.Popen, bool]] = {}
+_children_lock = threading.Lock()
+_closing = False
+_installed: dict[signal.Signals, object] = {}
+
+
+class ShuttingDown(RuntimeError):
+    """A child was started after the reaper began stopping this process's children."""
+
+
+def track(process: subprocess.Popen, *, group: bool) -> subprocess.Popen:
+    """Remember `process` (`group`: it leads its own process group, stop the whole group) so the reaper stops
+    it; returns it. Started while the reaper runs (another thread racing the signal): killed at once."""
+    with _children_lock:
+        for pid, (proc, _) in list(_children.items()):
+            if proc.poll() is not None:
+                del _children[pid]
+        _children[process.pid] = (process, group)
+    if _closing:
+        _stop([(process, group)])
+        raise ShuttingDown(f"pid {process.pid} started while this process is being stopped; killed it")
+    return process
+
+
+def untrack(process: subprocess.Popen) -> None:
+    """Forget `process` (it was stopped or waited for)."""
+    with _children_lock:
+        _children.pop(process.pid, None)
+
+
+def children() -> list[int]:
+    """The pids of the children the reaper would stop now."""
+    return [pid for pid, (proc, _) in list(_children.items()) if proc.poll() is None]
+
+
+def _stop(entries: Sequence[tuple[subprocess.Popen, bool]]) -> None:
+    """SIGTERM every entry at once, wait for them (groups `REAP_GRACE_S`, plain children longer: they stop
+    their own children first), then SIGKILL what is left, groups whole."""
+    for proc, group in entries:
+        if proc.poll() is None:
+            signal_group(proc.pid, signal.SIGTERM) if group else proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    for proc, group in entries:
+        grace = REAP_GRACE_S if group else REAP_CHILD_GRACE_S
+        try:
+            proc.wait(timeout=max(0.0, start + grace - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        if group:
+            signal_group(proc.pid, signal.SIGKILL)     # its leader may be gone and its children left
+        elif proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def stop_children() -> None:
+    """Stop every child started or tracked by this process, from any thread, and refuse new ones."""
+    global _closing
+    _closing = True
+    _stop(list(_children.values()))
+    with _children_lock:
+        _children.clear()
+
+
+def _reap(signum: int, frame: object) -> None:
+    stop_children()
+    atexit._run_exitfuncs()     # Prefect's temporary server, the spare step process: what normal exit stops
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)    # die by the signal, as without the reaper
+
+
+def install_reaper() -> None:
+    """From the main thread of a CLI: SIGTERM/SIGINT/SIGHUP stop every child (see the module docstring).
+    Elsewhere (a thread) it does nothing: the main thread's CLI installed it, or nothing can."""
+    if threading.current_thread() is not threading.main_thread() or _installed:
+        return
+    for sig in REAPED_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            continue    # a background job's SIGINT, `nohup`'s SIGHUP: the user asked us to ignore it
+        _installed[sig] = signal.getsignal(sig)
+        signal.signal(sig, _reap)
+
+
+def _forget_in_child() -> None:
+    """After fork: the parent's children are not ours to stop, nor its exit handlers ours to run on a signal."""
+    global _children_lock, _closing
+    _children.clear()
+    _children_lock = threading.Lock()
+    _closing = False
+    for sig, before in list(_installed.items()):
+        try:
+            signal.signal(sig, before if before is not None else signal.SIG_DFL)
+        except (ValueError, OSError, TypeError):
+            pass
+    _installed.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

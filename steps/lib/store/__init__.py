@@ -45,7 +45,7 @@ from steps.lib.store.ids import (
     utc_now,
 )
 from steps.lib.store.keys import LEASE, PARTIAL
-from steps.lib.store.maintenance import collect_garbage, verify_all
+from steps.lib.store.maintenance import collect_garbage, verify_aliases, verify_all
 from steps.lib.store.manifest import MANIFEST, Manifest, is_data_file
 from steps.lib.store.store import Store
 from steps.lib.store.uri import default_cache_dir, open_store, store_uri_for
@@ -56,5 +56,5 @@ __all__ = [
     "SINGLE_PUT_MAX_BYTES", "ArtifactError", "ArtifactWriter", "Backend", "FileBackend", "LocalCache", "Manifest",
     "S3Backend", "Store", "artifact_id", "canonical_json", "check_ref", "code_version", "collect_garbage",
     "content_sha256", "default_cache_dir", "is_data_file", "lease_is_dead", "md5_file", "open_store", "sha256_file",
-    "store_uri_for", "utc_now", "verify_all",
+    "store_uri_for", "utc_now", "verify_aliases", "verify_all",
 ]

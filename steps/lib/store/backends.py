@@ -139,6 +139,19 @@ class FileBackend:
                 self.put_bytes(key, data)
             return True
 
+    def set_aside(self, key: str, expect: bytes, aside: str) -> bool:
+        """Rename `key` to `aside` only if it still holds `expect` (under `swap_bytes`' flock): a
+        compare-and-swap that writes no data, for a full disk (a rename needs no free blocks)."""
+        dst = self._p(key)
+        if not dst.parent.is_dir():
+            return False
+        with open(dst.with_name(f".{dst.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not dst.is_file() or dst.read_bytes() != expect:
+                return False
+            os.replace(dst, self._p(aside))
+            return True
+
     def move_prefix(self, src: str, dst: str) -> bool:
         """Rename folder `src` to `dst` in one step; False if `dst` exists and is not empty (another
         writer's folder is there) or `src` is gone."""

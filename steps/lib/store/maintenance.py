@@ -15,7 +15,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import socket
 import time
@@ -25,7 +27,9 @@ from steps.lib.errors import ArtifactError
 from steps.lib.store.ids import ARTIFACT_ID, SEGMENT
 from steps.lib.store.keys import LEASE
 from steps.lib.store.store import Store
-from steps.lib.store.writer import LEASE_TTL_S, _remove_empty_dirs, lease_is_dead
+from steps.lib.store.writer import LEASE_TTL_S, _pid_gone, _remove_empty_dirs, lease_is_dead
+
+log = logging.getLogger("eaglenest.store")
 
 
 def artifact_refs(store: Store, kind: str | None = None, art_id: str | None = None) -> list[tuple[str, str]]:
@@ -42,6 +46,26 @@ def artifact_refs(store: Store, kind: str | None = None, art_id: str | None = No
         if not refs:
             raise ArtifactError(f"no committed artifact {kind or '*'}/{art_id} in {store.uri}")
     return refs
+
+
+def verify_aliases(store: Store) -> list[dict[str, Any]]:
+    """`{"alias", "kind", "id", "ok", "error"}` per alias: readable, and its target committed with every
+    sha256 matching (a missing or corrupt target is named)."""
+    out = []
+    for key in sorted(store.backend.list("aliases/")):
+        name = key.removeprefix("aliases/").removesuffix(".json")
+        if "/" in name or not key.endswith(".json"):
+            continue
+        rec, error = None, store.alias_problem(name)
+        if error is None:
+            rec = store.get_alias(name) or {}
+            try:
+                store.verify(rec["kind"], rec["id"])
+            except ArtifactError as err:
+                error = f"alias {name!r} -> {rec['kind']}/{rec['id']}: {err}"
+        out.append({"alias": name, "kind": (rec or {}).get("kind"), "id": (rec or {}).get("id"),
+                    "ok": error is None, "error": error})
+    return out
 
 
 def verify_all(store: Store, kind: str | None = None, art_id: str | None = None) -> list[dict[str, Any]]:
@@ -74,30 +98,74 @@ def _hold_dead_lease(store: Store, key: str, raw: bytes) -> bytes | None:
     return mine if store.backend.swap_bytes(key, mine, raw) else None
 
 
+def _plan(store: Store, kind: str, art_id: str) -> tuple[str, str | None, bytes | None, bool]:
+    """(why, the attempt to keep or None, the lease's bytes, whether gc must take a dead lease first)."""
+    raw = store.backend.get_bytes(f"staging/{kind}/{art_id}/{LEASE}")
+    lease = json.loads(raw) if raw else None
+    if store.backend.size(f"{store.key(kind, art_id)}/manifest.json") is not None:
+        return "the artifact is committed", None, raw, False
+    if lease is not None and not lease_is_dead(lease):
+        return "no live lease names this attempt", lease["attempt"], raw, False
+    if lease is not None and raw is not None:
+        return f"expired lease (pid {lease.get('pid')} on {lease.get('host')}, no heartbeat)", None, raw, True
+    return "no lease names this attempt", None, raw, False
+
+
+def _dot_debris(store: Store, base: str, live: bool) -> list[str]:
+    """The dot-files under a local staging folder that `Backend.list` hides: temp files of a dead writer
+    (`.<name>.tmp-<pid>`, by its pid) and, with no live writer, every lock and temp file."""
+    top = store.backend.local_path(base)
+    if top is None or not top.is_dir():
+        return []
+    out = []
+    for path in sorted(p for p in top.rglob(".*") if p.is_file()):
+        pid = path.name.rsplit(".tmp-", 1)[1] if ".tmp-" in path.name else ""
+        if not live or (pid.isdigit() and _pid_gone(int(pid))):
+            out.append(str(path.relative_to(store.backend.local_path(""))))
+    return out
+
+
+def _set_dead_lease_aside(store: Store, key: str, raw: bytes, err: OSError) -> str | None:
+    """A full disk cannot take a new lease's bytes: on a local store, rename the dead lease aside instead
+    (compare-and-swap, no data written); a writer starting meanwhile finds no lease and starts afresh, never
+    resuming the files gc deletes. None (the group is kept, and logged) when that is not possible."""
+    aside = f"{key.rsplit('/', 1)[0]}/.{LEASE}.gc-{os.getpid()}"
+    if err.errno == errno.ENOSPC and hasattr(store.backend, "set_aside"):
+        try:
+            if store.backend.set_aside(key, raw, aside):
+                return aside
+        except OSError as again:
+            err = again
+    log.warning("store gc: kept %s: could not take its dead lease (%s)", key, err)
+    return None
+
+
 def collect_garbage(store: Store, *, dry_run: bool = False) -> dict[str, Any]:
     """Remove the staging nobody can use (see the module docstring); `{"removed": [{"key", "why", "bytes"}],
-    "kept": [keys], "bytes", "dry_run"}`. `dry_run` only reports."""
+    "kept": [keys], "bytes", "dry_run"}`. `dry_run` only reports.
+
+    On a full disk: what needs no write goes first (a committed artifact's debris, attempts no lease
+    names), so taking a dead writer's lease, the one write gc makes, finds the space it freed; a lease it
+    still cannot take is kept and named, never a failure of gc itself."""
     removed: list[dict[str, Any]] = []
     kept: list[str] = []
-    for (kind, art_id), keys in sorted(_staging_groups(store).items()):
+    plans = {group: _plan(store, *group) for group in _staging_groups(store)}
+    live = {g for g, plan in plans.items() if plan[1] is not None}
+    found = {r["key"] for r in _remove_dot_debris(store, live, dry_run=True)}   # before gc adds its own locks
+    for (kind, art_id), keys in sorted(_staging_groups(store).items(), key=lambda g: (plans[g[0]][3], g[0])):
+        why, keep, raw, take = plans[(kind, art_id)]
         base = f"staging/{kind}/{art_id}"
         lease_key = f"{base}/{LEASE}"
-        raw = store.backend.get_bytes(lease_key)
-        lease = json.loads(raw) if raw else None
         held: bytes | None = None          # the lease gc holds while it deletes a dead writer's attempt
-        if store.backend.size(f"{store.key(kind, art_id)}/manifest.json") is not None:
-            why, keep = "the artifact is committed", None
-        elif lease is not None and not lease_is_dead(lease):
-            why, keep = "no live lease names this attempt", lease["attempt"]
-        elif lease is not None and raw is not None:
-            why, keep = f"expired lease (pid {lease.get('pid')} on {lease.get('host')}, no heartbeat)", None
-            if not dry_run:
-                held = _hold_dead_lease(store, lease_key, raw)
-                if held is None:            # a writer took it over just now: live again
-                    kept += keys
-                    continue
-        else:
-            why, keep = "no lease names this attempt", None
+        aside = None                       # where a dead lease was renamed to, when there was no room to rewrite it
+        if take and not dry_run:
+            try:
+                held = _hold_dead_lease(store, lease_key, raw or b"")
+            except OSError as err:
+                aside = _set_dead_lease_aside(store, lease_key, raw or b"", err)
+            if held is None and aside is None:      # a writer took it over just now (live again), or no room
+                kept += keys
+                continue
         for key in keys:
             rel = key[len(base) + 1:]
             if keep is not None and (rel == LEASE or rel.startswith(f"{keep}/")):
@@ -110,10 +178,36 @@ def collect_garbage(store: Store, *, dry_run: bool = False) -> dict[str, Any]:
         if not dry_run:
             if held is not None:
                 store.backend.swap_bytes(lease_key, None, held)       # release: the lease goes last
+            elif aside is not None:
+                store.backend.delete(aside)
             elif keep is None and raw is not None:
                 store.backend.delete(lease_key)
-            _remove_empty_dirs(store.backend.local_path(base))
+    removed += [r for r in _remove_dot_debris(store, live, dry_run) if r["key"] in found]   # not gc's own locks
     return {"removed": removed, "kept": kept, "bytes": sum(r["bytes"] for r in removed), "dry_run": dry_run}
 
 
-__all__ = ["artifact_refs", "collect_garbage", "verify_all"]
+def _remove_dot_debris(store: Store, live: set[tuple[str, str]], dry_run: bool) -> list[dict[str, Any]]:
+    """Every staging folder's hidden debris (including folders that hold nothing else, which no listing
+    shows), then the folders left empty; a live writer's own lock and temp files are kept."""
+    top = store.backend.local_path("staging")
+    if top is None or not top.is_dir():
+        return []
+    out = []
+    for base_dir in sorted(p for p in top.glob("*/*") if p.is_dir()):
+        kind, art_id = base_dir.parent.name, base_dir.name
+        for key in _dot_debris(store, f"staging/{kind}/{art_id}", (kind, art_id) in live):
+            path = store.backend.local_path(key)
+            size = path.stat().st_size if path is not None and path.exists() else 0
+            out.append({"key": key, "why": "a temp or lock file no writer holds", "bytes": size})
+            if not dry_run and path is not None:
+                path.unlink(missing_ok=True)
+        if not dry_run:
+            _remove_empty_dirs(base_dir)
+    if not dry_run:
+        for kind_dir in (p for p in top.iterdir() if p.is_dir()):
+            if not any(kind_dir.iterdir()):
+                kind_dir.rmdir()
+    return out
+
+
+__all__ = ["artifact_refs", "collect_garbage", "verify_aliases", "verify_all"]

@@ -80,7 +80,7 @@ class Store:
         key = f"{self.key(kind, art_id)}/{rel}"
         local = self.backend.local_path(key)
         if local is not None:
-            self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
+            self._check_or_quarantine(kind, art_id, local, rec, rel, verify)
             return local
         local = self.cache_dir / kind / art_id / rel
         cached = local.is_file() and local.stat().st_size == rec["size"]
@@ -95,8 +95,19 @@ class Store:
         except FileNotFoundError:
             raise ArtifactError(f"{self.artifact_uri(kind, art_id)}/{rel}: listed in the manifest but "
                                 "missing from the store (deleted or never uploaded; re-run the step)") from None
-        self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
+        self._check_or_quarantine(kind, art_id, local, rec, rel, verify)
         return local
+
+    def _check_or_quarantine(self, kind: str, art_id: str, local: Path, rec: dict[str, Any], rel: str,
+                             verify: bool) -> None:
+        """`_check_file` of the store's own bytes; a mismatch quarantines the artifact, so the step that
+        makes it rebuilds it instead of reusing it (its reuse check reads sizes only) and failing again."""
+        try:
+            self._check_file(local, rec, f"{self.artifact_uri(kind, art_id)}/{rel}", verify)
+        except ArtifactError as err:
+            where = self.quarantine(kind, art_id, str(err))
+            raise ArtifactError(f"{err}; quarantined it to {uri_of(self.uri, where)}: the next run of the step "
+                                "that makes it rebuilds it") from None
 
     @staticmethod
     def _check_file(local: Path, rec: dict[str, Any], where: str, verify: bool) -> None:
@@ -214,8 +225,31 @@ class Store:
         return rec
 
     def get_alias(self, name: str) -> dict[str, Any] | None:
+        """The alias record, None when there is none; a corrupt one is an ArtifactError naming its file."""
         raw = self.backend.get_bytes(alias_key(name))
-        return json.loads(raw) if raw else None
+        if not raw:
+            return None
+        where = uri_of(self.uri, alias_key(name))
+        try:
+            rec = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ArtifactError(f"{where}: not valid JSON ({err}); delete it and promote an export again") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str) or not isinstance(rec.get("id"), str):
+            raise ArtifactError(f"{where}: not an alias record (needs \"kind\" and \"id\"); delete it and promote "
+                                "an export again")
+        return rec
+
+    def alias_problem(self, name: str) -> str | None:
+        """Why alias `name` cannot be trusted (corrupt, or its target missing or broken), None when it can or
+        does not exist. The target's manifest and sizes are checked (`exists`: a broken one is quarantined)."""
+        try:
+            rec = self.get_alias(name)
+        except ArtifactError as err:
+            return str(err)
+        if rec is None or self.exists(rec["kind"], rec["id"]):
+            return None
+        return (f"{uri_of(self.uri, alias_key(name))} points at {rec['kind']}/{rec['id']}, which is not in the store "
+                "(deleted, or quarantined as broken); promote an export again")
 
     def restore_alias(self, name: str, record: dict[str, Any] | None) -> None:
         """Put back an alias record exactly as `get_alias` returned it (None: the alias did not exist)."""

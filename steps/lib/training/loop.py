@@ -22,7 +22,8 @@ from steps.lib.model.draft import Eagle3Draft
 from steps.lib.runtime import distributed
 from steps.lib.training.checkpoint import BEST_FILE, fp32_state, restore, save_checkpoint
 from steps.lib.training.evaluate import EvalSet, due, exported_checkpoint, track_best
-from steps.lib.training.plan import Batch, ShardReader, rank_batch, shard_paths
+from steps.lib.training.online import OnlineSource
+from steps.lib.training.plan import Batch, ShardReader, rank_batch
 from steps.lib.training.trainer import Trainer
 from steps.lib.training.ttt import TTTObjective, loss_positions
 
@@ -43,7 +44,7 @@ def lr_at(step: int, total: int, *, lr: float, warmup_ratio: float, min_lr_ratio
 class Setup:
     model: Eagle3Draft
     head_rows: Tensor        # [draft_vocab, Ht] target lm_head rows of the draft vocab
-    reader: ShardReader
+    reader: ShardReader | OnlineSource     # offline shards from the store, or computed by the target
     plan: list
     meta: dict[str, Any]
     eval_set: EvalSet | None = None    # the held-out split τ_sim is measured on (None: off)
@@ -142,7 +143,7 @@ def train_loop(t: TrainConfig, s: Setup, staging: Path,
 
 
 def _summary(state: dict[str, Any], recent: list[dict[str, Any]], steps: int, planned: int,
-             reader: ShardReader) -> dict[str, Any]:
+             reader: ShardReader | OnlineSource) -> dict[str, Any]:
     """Run metrics; loss and per-step accuracy are means over the last (up to 10) steps."""
     acc = []
     for j in range(max((len(r["acc"]) for r in recent), default=0)):
@@ -152,4 +153,4 @@ def _summary(state: dict[str, Any], recent: list[dict[str, Any]], steps: int, pl
             "steps": steps, "planned_steps": planned, "tokens": state["tokens"],
             "tokens_per_s": state["tokens"] / state["train_s"] if state["train_s"] else None,
             "train_s": state["train_s"], "shards_read": len(reader.read),
-            "shards_total": len(shard_paths(reader.hidden)), "cache_peak_bytes": reader.cache.peak_bytes}
+            "shards_total": len(reader.shards()), "cache_peak_bytes": reader.cache.peak_bytes}

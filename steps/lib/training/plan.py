@@ -61,6 +61,21 @@ def pack(lengths: list[int], order: list[int], max_length: int) -> list[list[tup
     return rows
 
 
+#: `train.epochs: auto` trains this many tokens in all, in 2 to 12 passes over the data (benchmarks/README.md,
+#: issue 23's curve on SmolLM2-135M at 1.92M sequence tokens: τ rose at 3, 6 and 12 epochs, 1.56 → 1.65 →
+#: 1.72, ~23M tokens trained at the best; peers train ~500k samples for 2–3 epochs; beyond 12 passes the
+#: CPU demo's small data overfits, and τ can peak and fall, which train.keep_best guards).
+AUTO_EPOCH_TOKENS = 24_000_000
+AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 2.0, 12.0
+
+
+def auto_epochs(train_tokens: int) -> float:
+    """Epochs for `train.epochs: auto`: AUTO_EPOCH_TOKENS over the data's trained tokens, clamped to 2..12."""
+    if train_tokens <= 0:
+        return AUTO_EPOCHS_MAX
+    return min(AUTO_EPOCHS_MAX, max(AUTO_EPOCHS_MIN, AUTO_EPOCH_TOKENS / train_tokens))
+
+
 def build_plan(shard_lengths: dict[str, list[int]], *, epochs: float, seed: int, max_length: int,
                rows_per_batch: int, exclude: dict[str, set[int]] | None = None
                ) -> list[tuple[str, list[list[tuple[int, int]]]]]:
@@ -117,6 +132,9 @@ class ShardReader:
         remote = self.store.local_path(f"{self.store.key('hidden', self.hidden.id)}/{rel}") is None
         self.cache.admit(path, path.stat().st_size, owned=remote)   # evicts older copies (remote stores)
         return path
+
+    def shards(self) -> list[str]:
+        return shard_paths(self.hidden)
 
     def lengths(self, rel: str) -> list[int]:
         with safe_open(str(self.local(rel)), framework="pt") as f:

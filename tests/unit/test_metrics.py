@@ -1,0 +1,31 @@
+"""τ's bootstrap interval over prompts: seeded, holding τ, narrowing with more prompts."""
+
+from __future__ import annotations
+
+from steps.lib.metrics import AcceptStats, tau_interval
+
+# per-prompt accept histograms (k = 3) of very different prompts: τ 1.0, 4.0, 2.5, 1.75
+HISTOGRAMS = [[10, 0, 0, 0], [0, 0, 0, 5], [2, 2, 2, 2], [6, 0, 2, 0]]
+
+
+def pooled_tau(histograms: list[list[int]]) -> float:
+    total = AcceptStats(3)
+    for h in histograms:
+        total.merge(AcceptStats(3, list(h)))
+    return total.tau
+
+
+def test_tau_interval_holds_the_pooled_tau_and_is_the_same_for_the_same_seed():
+    lo, hi = tau_interval(HISTOGRAMS, seed=0)
+    assert lo < pooled_tau(HISTOGRAMS) < hi and 1.0 <= lo and hi <= 4.0
+    many = [[h[0] + i % 3, *h[1:]] for i, h in enumerate(HISTOGRAMS * 5)]    # 20 prompts: many distinct τ
+    assert tau_interval(many, seed=0) == tau_interval(many, seed=0)
+    assert tau_interval(many, seed=1) != tau_interval(many, seed=0)            # the seed is used
+
+
+def test_tau_interval_narrows_with_more_prompts_and_is_a_point_for_identical_prompts():
+    lo, hi = tau_interval(HISTOGRAMS, seed=0)
+    lo10, hi10 = tau_interval(HISTOGRAMS * 10, seed=0)
+    assert hi10 - lo10 < hi - lo
+    assert tau_interval([[1, 2, 3, 4]] * 5, seed=0) == [AcceptStats(3, [1, 2, 3, 4]).tau] * 2
+    assert tau_interval([], seed=0) == [0.0, 0.0]
