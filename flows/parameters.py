@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from steps.lib.config import PipelineConfig, find_config, load_config, shipped_configs
+from steps.lib.config import PipelineConfig, find_config, load_config
 from steps.lib.data.prompts import dataset_file, split_dataset_uri
 from steps.lib.errors import ConfigError, InputError
 from steps.lib.runtime.redaction import redact_text
@@ -85,8 +85,8 @@ def check_config(config: str, overrides: list[str] | None) -> PipelineConfig:
     try:
         base = load_config(path)
     except ConfigError as err:
-        raise BadParameter("config", err, f"pass -p config=NAME, one of {', '.join(shipped_configs())}, or the "
-                                          "path of a YAML config") from None
+        raise BadParameter("config", err, "pass -p config=NAME (a shipped one) or the path of a YAML config") \
+            from None
     if not overrides:
         return base
     try:
@@ -119,11 +119,11 @@ def check_dataset(dataset: str, config: str, overrides: list[str]) -> PipelineCo
     exists; else BadParameter naming `dataset`."""
     fix = "pass the URI `eaglenest dataset upload` printed (`eaglenest dataset list` shows them)"
     try:
-        if "://" in dataset and not dataset.startswith("file://"):
+        if "://" in dataset and "/datasets/" in dataset:       # an uploaded object: asked, not fetched
             root, key = split_dataset_uri(dataset)
             if open_store(root).stat(key) is None:
                 raise InputError(f"{dataset}: no such object in the store")
-        elif not dataset_file(dataset).is_file() and not dataset_file(dataset).is_dir():
+        elif not dataset_file(dataset).exists():
             raise InputError(f"{dataset}: no such file or folder")
         return load_config(find_config(config), overrides)
     except (InputError, ConfigError, ValueError, OSError) as err:
@@ -148,6 +148,10 @@ def check_pipeline(*, config: str, overrides: list[str], store: str | None, mode
 class Outcome(Exception):
     """The data of a Failed state a flow returns on purpose (a parameter refused, a verdict): Prefect raises it
     when it reads the run's result at the end, and `QuietOutcomes` keeps that from logging a traceback."""
+
+
+class Refused(Outcome):
+    """The Outcome of a run refused for a parameter: the CLIs that run the flow print it and exit 2."""
 
 
 class QuietOutcomes(logging.Filter):

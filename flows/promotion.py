@@ -25,7 +25,7 @@ from prefect.context import get_run_context
 from prefect.transactions import Transaction, get_transaction, transaction
 
 from flows.parameters import described
-from steps.lib.config import find_config, load_config
+from steps.lib.config import ConfigError, find_config, load_config
 from steps.lib.runtime.redaction import redact_text
 from steps.lib.store import ArtifactError, open_store, store_uri_for
 
@@ -109,9 +109,13 @@ def rollback_flow(flow_run_id: str, reason: str = "") -> dict[str, Any]:
             runs.append(client.read_flow_run(parent.flow_run_id))
     pipeline = next((r for r in runs if "config" in r.parameters), failed)
     params = pipeline.parameters
-    store_uri = store_uri_for(params.get("store"), load_config(find_config(params.get("config", "tiny")),
-                                                               params.get("overrides")).store)
-    store = open_store(store_uri)
+    try:
+        cfg = load_config(find_config(params.get("config", "tiny")), params.get("overrides"))
+    except ConfigError as err:     # a run refused before any step: it moved nothing
+        action = f"nothing to roll back: the run's config does not load ({' '.join(str(err).split())})"
+        logger.info("%s (failed run %s: %s)", action, failed.name, reason)
+        return {"failed_run": str(failed.id), "action": action}
+    store = open_store(store_uri_for(params.get("store"), cfg.store))
     production, previous = store.get_alias("production"), store.get_alias("previous")
     moved_by = (production or {}).get("meta", {}).get("flow_run_id")
     if production and moved_by in {str(r.id) for r in runs}:

@@ -162,7 +162,7 @@ def test_each_gpu_and_serve_deployment_runs_one_job_at_a_time(deployments):
 def test_each_pipeline_starts_on_the_uploads_for_it_debounced_per_dataset(deployments, deployment, pipeline, config):
     from prefect.events import DeploymentEventTrigger
 
-    from flows.dataset_trigger import PIPELINES
+    from flows.dataset_trigger import PIPELINE_CONFIGS, PIPELINES
 
     (raw,) = deployments[f"eagle3-pipeline/{deployment}"]["triggers"]
     trigger = DeploymentEventTrigger.model_validate({k: v for k, v in raw.items() if k != "type"})
@@ -173,6 +173,7 @@ def test_each_pipeline_starts_on_the_uploads_for_it_debounced_per_dataset(deploy
     assert trigger.threshold == 1 and trigger.within.total_seconds() >= 30
     assert trigger.parameters["dataset"] == "{{ event.payload.uri }}"
     assert trigger.parameters["mode"] == "deployments" and trigger.parameters["config"] == config
+    assert PIPELINE_CONFIGS[pipeline] == config     # what `dataset upload` sizes the file against
 
 
 def state_change(state_name: str, *, flow: str = "eagle3-pipeline", tags: tuple[str, ...] = ()):

@@ -41,7 +41,7 @@ def check(tmp_path, **changes):
 
 
 @pytest.mark.parametrize("changes, name, says", [
-    ({"config": "tiniy"}, "config", ["tiniy.yaml: config file not found", "tiny", "smollm2-135m", "-p config="]),
+    ({"config": "tiniy"}, "config", ["tiniy.yaml: config file not found", "tiny", "smollm2-135m", "-p config=NAME"]),
     ({"overrides": ["train.lrr=3e-4"]}, "overrides", ["tiny.yaml", "train.lrr: unknown field", "-p overrides="]),
     ({"overrides": ["train.lr=-1"]}, "overrides", ["train.lr", "-p overrides="]),
     ({"store": "ftp://host/x"}, "store", ["ftp://host/x", "-p store=file:///abs/path"]),
@@ -74,6 +74,14 @@ def test_the_pipeline_refuses_a_typo_before_any_step_with_its_one_line_as_the_fa
     assert not (tmp_path / "store" / "artifacts").exists()      # no step ran
 
 
+def test_eaglenest_pipeline_prints_a_refused_parameter_as_one_line_and_exits_2(capsys):
+    from flows import pipeline_cli
+
+    assert pipeline_cli.main(["--config", "tiniy"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("eaglenest pipeline: parameter config: ") and "Traceback" not in "\n".join(err), err
+
+
 def test_an_outcome_reaching_the_engine_logs_no_traceback():
     """What Prefect logs when it reads a Failed state's result at the end of a run: dropped for an Outcome (the
     state message says it), kept for any other exception."""
@@ -83,3 +91,19 @@ def test_an_outcome_reaching_the_engine_logs_no_traceback():
 
     assert not QuietOutcomes().filter(record(Outcome("zero acceptance")))
     assert QuietOutcomes().filter(record(RuntimeError("a bug")))
+
+
+def test_a_dataset_that_is_not_in_the_store_is_refused_naming_it(tmp_path):
+    from flows.dataset_trigger import upload_dataset
+    from flows.parameters import check_dataset
+    from flows.pipeline import dataset_overrides
+    from steps.lib.store import open_store
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    (tmp_path / "chats.jsonl").write_text('{"prompt": "hi?"}\n')
+    record, _ = upload_dataset(store, tmp_path / "chats.jsonl", "support")
+    assert check_dataset(record["uri"], "tiny", dataset_overrides(record["uri"])).dataset.sources[0].path \
+        == record["uri"]
+    missing = record["uri"].replace("/support/", "/typo/")
+    with pytest.raises(BadParameter, match=r"^parameter dataset: .*/typo/chats.jsonl: no such object in the store"):
+        check_dataset(missing, "tiny", dataset_overrides(missing))

@@ -260,11 +260,14 @@ def test_cache_over_many_admissions_never_exceeds_budget(tmp_path: Path):
     assert cache.peak_bytes <= 10_000 and cache.peak_bytes >= max(sizes)
 
 
-def test_store_uri_precedence_is_explicit_then_env_then_config(monkeypatch):
+def test_store_uri_precedence_is_explicit_then_env_then_config(monkeypatch, tmp_path):
     from steps.lib.store import store_uri_for
 
     monkeypatch.delenv("EAGLENEST_STORE", raising=False)
-    assert store_uri_for(None, "file://out/store") == "file://out/store"
+    monkeypatch.setenv("EAGLENEST_HOME", str(tmp_path))
+    # a config's relative store is under EAGLENEST_HOME, wherever the command runs
+    assert store_uri_for(None, "file://out/store") == f"file://{tmp_path.resolve()}/out/store"
+    assert store_uri_for(None, "s3://bucket/p") == "s3://bucket/p"
     monkeypatch.setenv("EAGLENEST_STORE", "s3://worker/prefix")
     assert store_uri_for(None, "file://out/store") == "s3://worker/prefix"
     assert store_uri_for("file:///explicit", "file://out/store") == "file:///explicit"

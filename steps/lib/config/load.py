@@ -106,8 +106,12 @@ def shipped_configs() -> list[str]:
 
 
 def find_config(name_or_path: str) -> Path:
-    """`tiny` → configs/tiny.yaml; a path is returned as is."""
+    """`tiny` → configs/tiny.yaml (the shipped ones, from any working directory); a path is returned as is,
+    except a relative `configs/<name>.yaml` that is not here: the shipped one of that name."""
     p = Path(name_or_path)
+    shipped = CONFIGS_DIR.parent / p
+    if not p.exists() and not p.is_absolute() and p.parent == Path("configs") and shipped.is_file():
+        return shipped
     if p.suffix in (".yaml", ".yml") or p.exists():
         return p
     return CONFIGS_DIR / f"{name_or_path}.yaml"

@@ -39,6 +39,7 @@ from steps.lib.config import DatagenConfig, DatasetConfig, InputError, PipelineC
 from steps.lib.data.chat import chat_token_ids
 from steps.lib.data.decontaminate import NgramIndex, decontaminate
 from steps.lib.data.topics import load_pydoc, load_topics
+from steps.lib.home import local_path
 from steps.lib.store import content_sha256, open_store
 
 #: data files inside the installed packages (located with find_spec; the packages are not imported).
@@ -375,7 +376,7 @@ def dataset_file(path: str) -> Path:
     if "://" not in path:
         return Path(path)
     if path.startswith("file://") and "/datasets/" not in path:   # a local file as a URI, as paths are printed
-        return Path(path.removeprefix("file://"))
+        return local_path(path)
     root, key = split_dataset_uri(path)
     return open_store(root).fetch_object(key)
 
