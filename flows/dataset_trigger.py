@@ -45,7 +45,10 @@ import httpx
 from prefect import flow, get_run_logger
 from prefect.settings import get_current_settings
 
+from flows.parameters import described
+from steps.lib.config import find_config, load_config
 from steps.lib.data.prompts import DEFAULT_MAX_PROMPT_TOKENS, load_file, row_byte_bound
+from steps.lib.data.size import answers_of, size_warning
 from steps.lib.store import Store, md5_file, open_store
 
 EVENT = "eaglenest.dataset.uploaded"
@@ -57,6 +60,8 @@ DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
 #: label `eaglenest.pipeline`); objects right under `datasets/<name>/` go to DEFAULT_PIPELINE.
 PIPELINES = ("tiny", "smollm2")
 DEFAULT_PIPELINE = "tiny"
+#: the config each pipeline's deployment trains with (deploy/prefect.yaml: its trigger's `config`)
+PIPELINE_CONFIGS = {"tiny": "configs/tiny.yaml", "smollm2": "configs/smollm2-135m.yaml"}
 #: a dataset name is one path segment and part of the event's resource id.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: one Variable per announced object version (a Variable value holds at most 5000 characters,
@@ -222,6 +227,7 @@ def event_for(store: Store, record: dict[str, Any]) -> dict[str, Any]:
 # --- the sensor ---------------------------------------------------------------------------------------
 
 @flow(name="dataset-sensor")
+@described
 def dataset_sensor(store: str | None = None) -> list[str]:
     """Emit `eaglenest.dataset.uploaded` once per object version under datasets/; returns the ids sent."""
     logger = get_run_logger()
@@ -244,6 +250,12 @@ NO_API = ("no Prefect API configured: set PREFECT_API_URL (`eaglenest stack up` 
           "and let the dataset-sensor deployment announce the file")
 
 
+def too_small(rows: int, pipeline: str, file_name: str) -> str | None:
+    """The warning for a dataset far below what its pipeline's config needs (steps/lib/data/size.py), or None."""
+    cfg = load_config(find_config(PIPELINE_CONFIGS[pipeline]))
+    return size_warning(answers_of(rows, cfg), cfg, what=f"{file_name} for eagle3-pipeline/{pipeline}")
+
+
 def cmd_upload(args: argparse.Namespace) -> int:
     path = Path(args.file)
     try:
@@ -260,6 +272,9 @@ def cmd_upload(args: argparse.Namespace) -> int:
     record, sent = upload_dataset(store, path, args.name, args.pipeline)
     what = "uploaded" if sent else "already in the store (same bytes, not sent again)"
     print(f"{record['uri']}: {what}; {rows} prompts, {record['size']} bytes, version {record['version']}")
+    small = too_small(rows, args.pipeline, path.name)
+    if small:
+        print(f"warning: {small}", file=sys.stderr)
     event = event_for(store, record)
     if args.no_event:
         print(f"no event sent (--no-event); the dataset-sensor will announce it as event {event['id']}")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+from flows.parameters import BadParameter, check_config
 from flows.pipeline import eagle3_pipeline
 from steps.lib.config import find_config, load_config
 from steps.lib.store import open_store, store_uri_for
@@ -71,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
+    try:
+        check_config(args.config, args.overrides)
+    except BadParameter as err:      # the pipeline would refuse it too: say so here, once
+        print(f"eaglenest demo: {err}", file=sys.stderr)
+        return 2
     records = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, through="verify")
     control = eagle3_pipeline(config=args.config, overrides=args.overrides + UNTRAINED, store=args.store,
                               through="verify")

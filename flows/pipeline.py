@@ -23,17 +23,29 @@ the verdict, τ, speedup and where the export is.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
+from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE
 from prefect.context import TaskRunContext
 from prefect.deployments import run_deployment
+from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Completed, Failed, State
 
 from flows import ui
+from flows.parameters import (
+    BadParameter,
+    Outcome,
+    Refused,
+    check_dataset,
+    check_pipeline,
+    described,
+    install_quiet_outcomes,
+)
 from flows.promotion import current_flow_run_id, promote_in_transaction
 from flows.reuse import remember, resolve
 from flows.step_flows import flow_of, run_step_reporting
@@ -41,6 +53,8 @@ from flows.step_process import warm_up
 from steps.lib.config import PipelineConfig, find_config, load_config
 from steps.lib.store import open_store, store_uri_for
 from steps.registry import skipped
+
+install_quiet_outcomes()
 
 __all__ = ["StepRunFailed", "eagle3_pipeline", "step_task"]
 
@@ -99,6 +113,29 @@ def _run_call(step: str, config: str, overrides: list[str], store: str | None, i
     return child_state.result()
 
 
+@contextmanager
+def cancelled_not_crashed() -> Iterator[None]:
+    """A cancelled run's running step task ends `Cancelled`, like the run and the step's own run: Prefect
+    3.9.1's task engine calls every TerminationSignal a crash (its flow engine tells a cancel apart), and a
+    Crashed task counts as a failure on the dashboard. The run's own state (Cancelling) says it was a cancel."""
+    try:
+        yield
+    except TerminationSignal:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+        from prefect.states import Cancelled
+
+        run_id = current_flow_run_id()
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(UUID(run_id)).state if run_id else None
+            if state is not None and (state.is_cancelling() or state.is_cancelled()):
+                crashed = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])))
+                for task_run in crashed:
+                    if task_run.state and task_run.state.is_crashed():
+                        client.set_task_run_state(task_run.id, Cancelled(message="the run was cancelled"), force=True)
+        raise
+
+
 def outside_task(call: Callable[[], Any]) -> Any:
     """`call()` without this task's run context: a subflow started inside a task still sees the task's
     context, so Prefect would file the step's logs under the parent's task run instead of the step's run."""
@@ -126,19 +163,25 @@ def dataset_overrides(dataset: str | None) -> list[str]:
 
 
 @flow(name="eagle3-pipeline", log_prints=True, persist_result=True, flow_run_name=run_name)
+@described
 def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | None = None, store: str | None = None,
                     mode: Literal["local", "deployments"] = "local", pool: str = "local", dataset: str | None = None,
                     spec_url: str | None = None, baseline_url: str | None = None,
                     through: Literal["verify", "gate"] = "gate",
                     reuse: bool = True) -> dict[str, dict[str, Any]] | State:
     """Train, export, verify, serve, benchmark and gate one EAGLE-3 drafter; returns each step's record
-    (through the gate: as the data of a final state named after the verdict). `reuse=False`: every step
-    as its own run even when its artifact is stored (`flows/reuse.py`)."""
+    (through the gate: as the data of a final state named after the verdict). Every parameter is checked
+    before any step runs: one that does not hold ends the run Failed with one line naming it and the fix."""
+    try:
+        cfg, store_uri = check_pipeline(config=config, overrides=list(overrides or []), store=store, mode=mode,
+                                        pool=pool, spec_url=spec_url, baseline_url=baseline_url, through=through)
+        if dataset:
+            cfg = check_dataset(dataset, config, list(overrides or []) + dataset_overrides(dataset))
+    except BadParameter as err:
+        return refused(err)
+    overrides = list(overrides or []) + dataset_overrides(dataset)
     if mode == "deployments" and pool == LOCAL_POOL:
         warm_up()       # the first step's process imports torch while this run loads its config and store
-    overrides = list(overrides or []) + dataset_overrides(dataset)
-    cfg = load_config(find_config(config), overrides)
-    store_uri = store_uri_for(store, cfg.store)
     done: dict[str, dict[str, Any]] = {}
 
     def step(name: str, key: str | None = None, options: dict[str, Any] | None = None, **inputs: str) -> str:
@@ -146,8 +189,9 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
         # decided in this process rather than in a child run of its own
         stored = any(r["id"] == inputs.get("benchmark") and r.get("reused") for r in done.values())
         call_mode = "local" if name == "gate" and stored else mode
-        record = step_task(key or name, name, config, overrides, store_uri, inputs, options or {}, call_mode, pool,
-                           reuse)
+        with cancelled_not_crashed():
+            record = step_task(key or name, name, config, overrides, store_uri, inputs, options or {}, call_mode,
+                               pool, reuse)
         done[key or name] = record
         return record["id"]
 
@@ -165,6 +209,12 @@ def eagle3_pipeline(config: str = "configs/tiny.yaml", overrides: list[str] | No
     decision = serve_benchmark_gate(step, done, export=export, target=target, spec_url=spec_url,
                                     baseline_url=baseline_url)
     return finish(cfg, config, store_uri, done, decision, dataset)
+
+
+def refused(err: BadParameter) -> State:
+    """The run's end when a parameter does not hold: Failed, its message the one line (no traceback)."""
+    get_run_logger().error("%s", err)
+    return Failed(message=str(err), data=Refused(str(err)))
 
 
 def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: str, target: str,
@@ -207,10 +257,32 @@ def launch_command(cfg: PipelineConfig, config: str, store: Any, export_id: str,
                                            draft_dir=export_dir(store, export_id, "sglang")))
 
 
-#: the run's final state per gate verdict. A verdict about the draft is a normal outcome a Prefect user reads
-#: at a glance (Completed, named after it); one about serving (zero acceptance, production degraded) fails
-#: the run, which also starts the rollback automation.
-STATE_NAMES = {"promote": "Promoted", "current": "Current", "reject": "Rejected"}
+def write_launch(store: Any, export_id: str, command: str) -> str:
+    """The SGLang launch command as a script beside the export's artifacts (`<store>/launch/<id>-sglang.sh`,
+    a file store's): a log line names it, short enough that `--watch` does not wrap it. Its local path."""
+    import tempfile
+    from pathlib import Path
+
+    key = f"{LAUNCH_PREFIX}/{export_id}-sglang.sh"
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "launch.sh"
+        script.write_text(f"#!/bin/sh\n# SGLang serving export {export_id} (eaglenest; flags derived from the export)\n"
+                          f"exec {command}\n")
+        store.put_object(key, script)
+    return store.object_uri(key).removeprefix("file://")
+
+
+#: where `write_launch` puts launch scripts under the store root (beside artifacts/, aliases/, calls/)
+LAUNCH_PREFIX = "launch"
+
+
+#: the run's final state per gate verdict, named after it. A verdict about the draft is a normal outcome a
+#: Prefect user reads at a glance (Completed); one about serving (zero acceptance, production degraded) fails
+#: the run. Neither moved `production`, so neither starts the rollback automation (it acts on runs tagged
+#: `flows.promotion.MOVED_TAG` only).
+STATE_NAMES = {"promote": "Promoted", "current": "Current", "reject": "Rejected",
+               "zero-acceptance": "ZeroAcceptance", "degraded": "Degraded"}
+COMPLETED_VERDICTS = ("promote", "current", "reject")
 OUTCOMES = {"promote": "promoted", "current": "already in production, and it still holds",
             "reject": "rejected: production stays",
             "degraded": "production no longer holds its recorded numbers behind this server",
@@ -230,22 +302,26 @@ def finish(cfg: PipelineConfig, config: str, store_uri: str, done: dict[str, dic
                                 "config": config_name})
     bench = next(r for k, r in reversed(done.items()) if k.startswith("benchmark"))
     plot = store.fetch_file("benchmark", bench["id"], "benchmark.png").read_bytes()
+    # a launch line only for a draft the gate let through: a refused one is not for serving
+    launch = launch_command(cfg, config, store, done["export"]["id"], done["target"]["id"]) \
+        if verdict in ("promote", "current") else None
+    launch_file = write_launch(store, done["export"]["id"], launch) if launch and store.uri.startswith("file://") \
+        else None
     result = ui.run_result(done, decision, export_uri=store.artifact_uri("export", done["export"]["id"]),
-                           launch=launch_command(cfg, config, store, done["export"]["id"], done["target"]["id"]))
+                           launch=launch, launch_file=launch_file)
     report = ui.run_report(config_name, done, dataset=dataset, decision=decision,
                            production=store.get_alias("production"), plot_png=plot,
                            outcome=OUTCOMES.get(verdict, verdict), result=result)
     ui.metrics_table(done, config_name)
-    ui.publish_report(config_name, report)
-    lines = ui.result_lines(result)
+    result["report"] = ui.publish_report(config_name, report)
     logger = get_run_logger()
-    for line in lines:       # the last lines of the run's log: what `prefect deployment run --watch` ends with
+    for line in ui.result_lines(result):   # the last lines of the log: what `prefect deployment run --watch` ends with
         logger.info(line)
     # ship them before the final state: `--watch` stops listening a few seconds after a terminal state
     APILogHandler().flush()
-    message = " | ".join(lines)
-    if verdict in STATE_NAMES:
+    message = ui.state_message(result)     # the run's header in the UI: verdict, τ, the draft, the report
+    if verdict in COMPLETED_VERDICTS:
         return Completed(name=STATE_NAMES[verdict], message=message, data=done)
-    # a Failed state's data must be an exception (Prefect raises it for whoever reads the result); the step
-    # records stay in the store and the report
-    return Failed(message=message)
+    # a Failed state's data must be an exception (Prefect raises it for whoever reads the result): an Outcome,
+    # which logs no traceback; the step records stay in the store and the report
+    return Failed(name=STATE_NAMES.get(verdict, "Failed"), message=message, data=Outcome(message))

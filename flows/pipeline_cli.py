@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
+from flows.parameters import BadParameter, Outcome, Refused, check_pipeline
 from flows.pipeline import eagle3_pipeline
 from steps.lib.runtime.processes import install_reaper
 from steps.registry import add_common_args
@@ -25,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-url", default=None, help="benchmark this running speculative server")
     parser.add_argument("--json", action="store_true", help="print the step records as JSON")
     args = parser.parse_args(argv)
+    try:   # what the flow checks first, here before Prefect starts (a temporary server takes seconds)
+        check_pipeline(config=args.config, overrides=args.overrides, store=args.store, mode=args.mode,
+                       pool=args.pool, spec_url=args.spec_url, baseline_url=None, through=args.through)
+    except BadParameter as err:
+        print(f"eaglenest pipeline: {err}", file=sys.stderr)
+        return 2
     install_reaper()    # a SIGTERM stops the step processes, their servers and Prefect's temporary server
     state = eagle3_pipeline(config=args.config, overrides=args.overrides, store=args.store, mode=args.mode,
                             pool=args.pool, through=args.through, dataset=args.dataset, spec_url=args.spec_url,
@@ -32,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     # a step that raised fails the run with its exception: let it surface; a gate verdict is the run's
     # own final state, whose data are the step records and whose message is the result
     records = state.result(raise_on_failure=False)
+    if isinstance(records, Refused):        # a parameter that does not hold: its one line, exit 2
+        print(f"eaglenest pipeline: {state.message}", file=sys.stderr)
+        return 2
     if isinstance(records, BaseException):
-        if not state.message or "gate:" not in state.message:
+        if not isinstance(records, Outcome):
             raise records                   # a step failed: its own error
         records = {}                        # the gate refused: the message says why
     if args.json:

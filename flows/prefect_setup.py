@@ -202,6 +202,8 @@ def point_profile(api_url: str | None) -> None:
 
 
 def profile_api_url() -> str | None:
+    """The API address the Prefect CLI would use now: $PREFECT_API_URL, else the current profile's (read at
+    call time: Prefect's own settings are fixed when it is first imported)."""
     from prefect.settings import PREFECT_API_URL
 
-    return PREFECT_API_URL.value()
+    return os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()

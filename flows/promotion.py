@@ -6,9 +6,11 @@ the export it points at. If anything in the transaction fails, `promote`'s rollb
 aliases back exactly as they were.
 
 A transaction only covers a process that raises. For a run that crashes, or fails after the
-transaction, the `eaglenest-rollback` flow is the safety net: an automation starts it for every
-failed or crashed `eagle3-pipeline` / `benchmark` run, and it moves `production` back to
-`previous` only if that run is the one that moved it (the alias records the flow run id).
+transaction, the `eaglenest-rollback` flow is the safety net. `promote` tags its flow run `MOVED_TAG`
+before it moves the alias, and the automation starts the rollback only for a failed or crashed
+`eagle3-pipeline` run with that tag: a run refused for a typo, cancelled, or failed by a verdict moved
+nothing and starts nothing. The rollback itself moves `production` back to `previous` only if that run
+is the one that moved it (the alias records the flow run id).
 """
 
 from __future__ import annotations
@@ -22,14 +24,32 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import get_run_context
 from prefect.transactions import Transaction, get_transaction, transaction
 
-from steps.lib.config import find_config, load_config
+from flows.parameters import described
+from steps.lib.config import ConfigError, find_config, load_config
 from steps.lib.runtime.redaction import redact_text
 from steps.lib.store import ArtifactError, open_store, store_uri_for
+
+#: the tag of a flow run that moved `production` (deploy/prefect.yaml: the rollback trigger matches it)
+MOVED_TAG = "moved-production"
+
+
+def tag_run(flow_run_id: str | None, tag: str) -> None:
+    """Add `tag` to the flow run (its later state changes carry it: the automation's filter)."""
+    if flow_run_id is None:
+        return
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(UUID(flow_run_id))
+        if tag not in run.tags:
+            client.update_flow_run(run.id, tags=[*run.tags, tag])
 
 
 @task(name="promote", persist_result=True, cache_policy=NO_CACHE)
 def promote(store_uri: str, export_id: str, meta: dict[str, Any]) -> dict[str, Any]:
-    """production → export_id; previous → the old production record, verbatim."""
+    """production → export_id; previous → the old production record, verbatim. The run is tagged first, so a
+    crash right after the move is one the automation rolls back."""
+    tag_run(meta.get("flow_run_id"), MOVED_TAG)
     store = open_store(store_uri)
     before = {"production": store.get_alias("production"), "previous": store.get_alias("previous")}
     txn = get_transaction()
@@ -75,6 +95,7 @@ def _flow_run_uuid(resource_id: str) -> UUID:
 
 
 @flow(name="eaglenest-rollback", log_prints=True)
+@described
 def rollback_flow(flow_run_id: str, reason: str = "") -> dict[str, Any]:
     """Put `production` back on `previous` if the failed run (or its parent pipeline) moved it."""
     from prefect.client.orchestration import get_client
@@ -88,9 +109,13 @@ def rollback_flow(flow_run_id: str, reason: str = "") -> dict[str, Any]:
             runs.append(client.read_flow_run(parent.flow_run_id))
     pipeline = next((r for r in runs if "config" in r.parameters), failed)
     params = pipeline.parameters
-    store_uri = store_uri_for(params.get("store"), load_config(find_config(params.get("config", "tiny")),
-                                                               params.get("overrides")).store)
-    store = open_store(store_uri)
+    try:
+        cfg = load_config(find_config(params.get("config", "tiny")), params.get("overrides"))
+    except ConfigError as err:     # a run refused before any step: it moved nothing
+        action = f"nothing to roll back: the run's config does not load ({' '.join(str(err).split())})"
+        logger.info("%s (failed run %s: %s)", action, failed.name, reason)
+        return {"failed_run": str(failed.id), "action": action}
+    store = open_store(store_uri_for(params.get("store"), cfg.store))
     production, previous = store.get_alias("production"), store.get_alias("previous")
     moved_by = (production or {}).get("meta", {}).get("flow_run_id")
     if production and moved_by in {str(r.id) for r in runs}:

@@ -48,6 +48,7 @@ from flows.prefect_setup import (
     pools_for,
     save_result_storage,
 )
+from steps.lib.home import under_home
 from steps.lib.runtime.processes import spawn as spawn_process
 from steps.lib.runtime.processes import stop_group, wait_until
 
@@ -62,6 +63,10 @@ STOP_TIMEOUT_S = 30.0
 #: server settings that let `--watch` (and the UI's live view) follow a run's logs, not only its events.
 LOG_STREAM_ENV = {"PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
                   "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}
+#: a run's tags as they are now in its state-change events: the rollback trigger matches `moved-production`,
+#: which a run gets when it promotes (flows/promotion.py), and the server's default 5-minute cache of a run's
+#: related resources would hand the trigger its tags from before
+EVENTS_ENV = {"PREFECT_SERVER_EVENTS_RELATED_RESOURCE_CACHE_TTL": "PT0S"}
 
 
 class StackError(RuntimeError):
@@ -163,7 +168,7 @@ class Stack:
     sensor's interval schedule from starting runs (tests start what they need themselves).
     """
 
-    dir: Path = Path("out/stack")
+    dir: Path = field(default_factory=lambda: under_home("out/stack"))
     port: int = 4200
     store_uri: str | None = None
     ui: bool = True
@@ -217,7 +222,7 @@ class Stack:
     def server_env(self) -> dict[str, str]:
         # `prefect deployment run ... --watch` shows a run's logs only when the server streams them out
         # (off by default in Prefect 3.9); the pipeline's result lines are logs
-        env = {**self.env, **LOG_STREAM_ENV}
+        env = {**self.env, **LOG_STREAM_ENV, **EVENTS_ENV}
         if not self.scheduler:
             env["PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED"] = "false"
         return env

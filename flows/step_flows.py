@@ -21,7 +21,9 @@ import logging
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Failed, State
 
+from flows.parameters import BadParameter, Refused, check_config, check_store, described, install_quiet_outcomes
 from flows.step_process import run_step_process
 from flows.ui import ProgressArtifacts, step_artifacts
 from steps.lib.artifacts import DRAFT_LOG_FILE
@@ -42,7 +44,7 @@ def run_step_reporting(step: str, config: str, overrides: list[str] | None, stor
     logger = get_run_logger()
     cfg, store = open_config(config, overrides, store_uri)
     logger.info("%s: started (%s)", step, ", ".join(f"{k} {v}" for k, v in inputs.items()) or "no inputs")
-    listener = ProgressArtifacts(step, log=logger.info)
+    listener = ProgressArtifacts(step, cfg.name, log=logger.info)
     if isolated:
         record = run_step_process(step, str(find_config(config).resolve()), overrides, store.uri, inputs, options,
                                   log=logger.info, on_progress=listener)
@@ -74,9 +76,16 @@ def _train_log(store: Any, record: dict[str, Any]) -> list[dict[str, Any]] | Non
 
 
 def _step_flow(step: str):
+    @described
     def step_flow(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, store: str | None = None,
                   inputs: dict[str, str] | None = None, options: dict[str, Any] | None = None,
-                  isolated: bool = False) -> dict[str, Any]:
+                  isolated: bool = False) -> dict[str, Any] | State:
+        """One step as its own flow run: its record (kind, id, URI, seconds, metrics, meta)."""
+        try:
+            check_store(store, check_config(config, overrides))
+        except BadParameter as err:   # one line as the run's message, before the step starts
+            get_run_logger().error("%s", err)
+            return Failed(message=str(err), data=Refused(str(err)))
         return run_step_reporting(step, config, overrides, store, inputs or {}, options, isolated=isolated)
 
     # one function name per step: Prefect keys a subflow's run in its parent by the function's name and code,
@@ -92,6 +101,8 @@ def flow_of(step: str) -> Any:
     """The flow of `step` (`<step>_flow` below)."""
     return globals()[f"{step}_flow"]
 
+
+install_quiet_outcomes()
 
 # The Prefect entrypoints `flows/step_flows.py:<step>_flow` (deploy/prefect.yaml): Prefect runs this file and
 # looks the name up, so generating them from the registry is enough; tests/unit/test_deploy.py checks that

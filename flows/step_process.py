@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -132,17 +133,31 @@ def run_step_process(step: str, config: str, overrides: list[str] | None, store_
     reader = threading.Thread(target=lambda: stdout.extend(proc.stdout or []), daemon=True)
     reader.start()
     # a cancelled or crashed flow run must not leave the step (and a server it started) running
-    with forwarding_signals(lambda: proc.terminate()):
-        for raw in proc.stderr or []:
-            _forward(raw.rstrip("\n"), tail, log, on_progress)
-        code = proc.wait()
-    untrack(proc)
+    with forwarding_signals(lambda: proc.terminate(), signals_to_forward()):
+        try:
+            for raw in proc.stderr or []:
+                _forward(raw.rstrip("\n"), tail, log, on_progress)
+            code = proc.wait()
+        except BaseException:   # Prefect's TerminationSignal (a cancel), KeyboardInterrupt: the step ends with us
+            proc.terminate()
+            proc.wait()
+            raise
+        finally:
+            untrack(proc)
     reader.join()
     record = _record(stdout)
     if record is None:
         raise StepProcessFailed(f"`python -m steps.{step}` exited {code} without a record; its last lines:\n"
                                 + "\n".join(tail))
     return record
+
+
+def signals_to_forward() -> tuple[signal.Signals, ...]:
+    """SIGHUP always; SIGTERM only where nothing handles it. Under a flow run Prefect's own SIGTERM handler
+    raises TerminationSignal here (the `except` above stops the step), and Prefect acknowledges a cancel only
+    while that handler is installed: replacing it made every cancelled run, and its running step, `Crashed`."""
+    handled = callable(signal.getsignal(signal.SIGTERM))
+    return (signal.SIGHUP,) if handled else (signal.SIGTERM, signal.SIGHUP)
 
 
 def _forward(line: str, tail: deque[str], log: Callable[[str], None],

@@ -10,7 +10,10 @@
   decision with its reasons, the doctor's findings when acceptance was zero, the server start
   attempts (F6 retries), and the benchmark plot inline.
 
-Keys are per config (`eagle3-report-tiny`), so the Artifacts page keeps one history per pipeline.
+Keys are per config and in pipeline order (`eagle3-tiny-00-report`, `eagle3-tiny-00-metrics`,
+`eagle3-tiny-02-datagen-progress`, ..., `eagle3-tiny-08-benchmark-plot`): the Artifacts page, sorted by key,
+lists a pipeline's artifacts together, its report first and each step's in the order the steps run, and keeps
+one history per key.
 """
 
 from __future__ import annotations
@@ -27,25 +30,29 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from steps.lib.checks.tau import read_no_acceptance
 from steps.lib.runtime.progress import Update, clock
 from steps.lib.runtime.redaction import redact, redact_text
+from steps.registry import STEPS
 
 #: headline metrics shown per step in the table (the rest stays in the manifest).
 HEADLINE = ("ok", "tokens", "tokens_per_s", "coverage", "steps", "final_loss", "tau",
             "speedup", "smoke_tau", "attempts", "verdict")
 
 
-def artifact_key(kind: str, config_name: str) -> str:
-    """Prefect artifact keys: lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"eagle3-{kind}-{config_name}".lower()).strip("-")
+def artifact_key(kind: str, config_name: str, step: str | None = None) -> str:
+    """`eagle3-<config>-<NN>-<step>-<kind>`, NN the step's place in the chain (00: the run's own, before every
+    step); Prefect artifact keys are lowercase letters, digits and dashes only."""
+    order = f"{list(STEPS).index(step) + 1:02d}-{step}" if step else "00"
+    return re.sub(r"[^a-z0-9-]+", "-", f"eagle3-{config_name}-{order}-{kind}".lower()).strip("-")
 
 
 class ProgressArtifacts:
     """A `steps.lib.runtime.progress` listener: one progress artifact per bar, keyed by step and bar (not a UUID),
     updated in place; a plain log line at every 10% (and the end) through `log`."""
 
-    def __init__(self, step: str, log: Callable[[str], None] | None = None):
-        self.step, self.log = step, log
+    def __init__(self, step: str, config_name: str, log: Callable[[str], None] | None = None):
+        self.step, self.config_name, self.log = step, config_name, log
         self.ids: dict[str, Any] = {}
         self.logged: dict[str, int] = {}
 
@@ -53,7 +60,8 @@ class ProgressArtifacts:
         percent = 100.0 * update.fraction
         text = progress_markdown(self.step, update)
         if update.desc not in self.ids:
-            key = artifact_key("progress", self.step if update.desc == self.step else f"{self.step}-{update.desc}")
+            kind = "progress" if update.desc == self.step else f"{update.desc}-progress"
+            key = artifact_key(kind, self.config_name, self.step)
             self.ids[update.desc] = create_progress_artifact(percent, key=key, description=text)
         else:
             update_progress_artifact(self.ids[update.desc], percent, description=text)
@@ -79,18 +87,18 @@ def step_artifacts(step: str, record: dict[str, Any], config_name: str, *, plot_
                    train_log: list[dict[str, Any]] | None = None) -> list[str]:
     """Publish a step run's artifacts: its metrics (every scalar of the manifest), the benchmark plot, the
     training curves. Returns the keys published."""
-    key = artifact_key(f"{step}-metrics", config_name)
+    key = artifact_key("metrics", config_name, step)
     rows = [{"metric": k, "value": _fmt(v)} for k, v in record["metrics"].items() if _scalar(v)]
     rows.append({"metric": "seconds", "value": record["seconds"]})
     create_table_artifact(redact(rows), key=key,
                           description=redact_text(f"`{step}` → `{record['kind']}/{record['id']}` ({record['uri']})"))
     keys = [key]
     if plot_png:
-        keys.append(artifact_key(f"{step}-plot", config_name))
+        keys.append(artifact_key("plot", config_name, step))
         create_markdown_artifact(f"# {step} `{record['id']}`\n\n![{step}]({png_uri(plot_png)})\n", key=keys[-1],
                                  description=f"{step}: τ, throughput and latency, speculative vs baseline")
     if train_log:
-        keys.append(artifact_key(f"{step}-curves", config_name))
+        keys.append(artifact_key("curves", config_name, step))
         create_markdown_artifact(training_curves(train_log, record["id"]), key=keys[-1],
                                  description="training loss (and simulated τ) per optimizer step")
     return keys
@@ -152,28 +160,52 @@ def _fmt(v: Any) -> Any:
 
 
 def run_result(records: dict[str, dict[str, Any]], decision: dict[str, Any], *, export_uri: str,
-               launch: str | None = None) -> dict[str, Any]:
+               launch: str | None = None, launch_file: str | None = None) -> dict[str, Any]:
     """What a user wants from a finished run: the verdict and why, live and offline numbers (named as such),
     and where the exported drafter is."""
     candidate = decision.get("candidate") or {}
     offline = (records.get("verify") or {}).get("metrics", {})
     failing = [f["id"] for f in decision.get("diagnosis", []) if f["status"] == "fail"]
-    return {"verdict": decision["verdict"], "reasons": list(decision.get("reasons", [])),
+    data = (records.get("datagen") or {}).get("metrics", {})
+    reading = None if decision["verdict"] != "zero-acceptance" else read_no_acceptance(
+        candidate.get("tau"), offline.get("tau"), failing, answers=data.get("ok"), needed=data.get("answers_needed"))
+    return {"verdict": decision["verdict"], "reasons": list(decision.get("reasons", [])), "diagnosis": reading,
             "tau_live": candidate.get("tau"), "speedup_live": candidate.get("speedup"),
             "tau_offline": offline.get("tau"),
             "speedup_offline": offline.get("speedup"),
-            "export": export_uri, "sglang": f"{export_uri}/sglang", "vllm": f"{export_uri}/vllm",
-            "doctor": failing, "fix": (decision.get("fix") or {}).get("how"), "launch": launch}
+            "export": export_uri, "sglang": f"{shown(export_uri)}/sglang", "vllm": f"{shown(export_uri)}/vllm",
+            "doctor": failing, "fix": (decision.get("fix") or {}).get("how"), "launch": launch,
+            "launch_file": launch_file, "report": None}
+
+
+def shown(uri: str) -> str:
+    """A location as a user pastes it: a file store's as its absolute path, anything else as its URI."""
+    return uri.removeprefix("file://") if uri.startswith("file:///") else uri
+
+
+def state_message(result: dict[str, Any]) -> str:
+    """The run's state message (the UI's run header, `--watch`'s last line): the verdict and why, τ, the draft or
+    the diagnosis, the report. Short: the launch command is the log's (and a script's)."""
+    parts = [f"{result['verdict']}: " + "; ".join(result["reasons"]),
+             f"τ {_num(result['tau_live'], 3)} live, {_num(result['tau_offline'], 3)} offline",
+             result["diagnosis"] if result.get("diagnosis") else f"draft {result['sglang']}"]
+    if result.get("report"):
+        parts.append(f"report {result['report']}")
+    return " | ".join(parts)
 
 
 def result_lines(result: dict[str, Any]) -> list[str]:
     """The run's closing log lines (what `prefect deployment run --watch` ends with)."""
-    lines = [f"gate: {result['verdict']}: " + "; ".join(result["reasons"]),
+    lines = [*([f"report: {result['report']}"] if result.get("report") else []),
+             f"gate: {result['verdict']}: " + "; ".join(result["reasons"]),
+             *([f"diagnosis: {result['diagnosis']}"] if result.get("diagnosis") else []),
              f"τ {_num(result['tau_live'], 3)} live, {_num(result['tau_offline'], 3)} offline (reference engine, "
              f"held-out prompts); speedup {_num(result['speedup_live'], 2, 'x')} live, "
              f"{_num(result['speedup_offline'], 2, 'x')} offline",
              f"draft: {result['sglang']} (SGLang), {result['vllm']} (vLLM)"]
-    if result.get("launch"):
+    if result.get("launch_file"):
+        lines.append(f"serve it: sh {result['launch_file']}")
+    elif result.get("launch"):
         lines.append(f"serve it: {result['launch']}")
     if result["doctor"]:
         lines.append(f"doctor: {', '.join(result['doctor'])} failing (docs/FAILURES.md)"
@@ -192,6 +224,8 @@ def run_report(config_name: str, records: dict[str, dict[str, Any]], *, dataset:
     lines = [f"# eagle3-pipeline `{config_name}`: {outcome}", ""]
     if result:
         lines += ["## Result", "", *[f"- {line}" for line in result_lines(result)], ""]
+        if result.get("launch"):
+            lines += ["```sh", result["launch"], "```", ""]
     lines += ["## Lineage", "", f"dataset source: `{dataset or 'the config dataset.sources'}`", "",
               "| step | artifact | seconds | URI |", "|---|---|---|---|"]
     lines += [f"| {n} | `{r['kind']}/{r['id']}` | {r['seconds']} | `{r['uri']}` |" for n, r in records.items()]
@@ -222,6 +256,11 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def publish_report(config_name: str, markdown: str) -> None:
-    create_markdown_artifact(redact_text(markdown), key=artifact_key("report", config_name),
-                             description="lineage, gate decision, diagnosis and benchmark of this run")
+def publish_report(config_name: str, markdown: str) -> str | None:
+    """Publish the run report; its address in the Prefect UI (None where no UI address is known)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    artifact_id = create_markdown_artifact(redact_text(markdown), key=artifact_key("report", config_name),
+                                           description="lineage, gate decision, diagnosis and benchmark of this run")
+    ui_url = PREFECT_UI_URL.value()
+    return f"{ui_url.rstrip('/')}/artifacts/artifact/{artifact_id}" if ui_url and artifact_id else None

@@ -16,17 +16,22 @@ What cannot be converted faithfully is refused with the field and the reason, ne
 or tied-head drafts, unknown weight keys. DST is written into a temporary sibling and renamed at the
 end, so a refused or crashed conversion leaves nothing behind.
 
-    eaglenest convert SRC DST --to sglang|vllm [--num-target-layers N] [--verifier NAME]
+A missing or null `draft_vocab_size` (F7) is repaired from the weights (the head's rows); keys a loader would
+drop (F2) are renamed with `--rename OLD=NEW` (a key prefix; `draft_model.=` strips one), as doctor's fix says.
+
+    eaglenest convert SRC DST --to sglang|vllm [--num-target-layers N] [--verifier NAME] [--rename OLD=NEW ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from steps.lib import formats
 from steps.lib.checks.strict import FormatError
 from steps.lib.errors import InputError
+from steps.lib.home import local_path
 from steps.lib.layouts import ConvertError, convert
 
 
@@ -39,13 +44,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="the target's num_hidden_layers, when the source records no aux layer ids")
     ap.add_argument("--verifier", default=None, help="target name or path for speculators_config (--to vllm)")
     ap.add_argument("--speculative-tokens", type=int, default=3)
+    ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                    help="rename weight keys starting with OLD (repeatable; `decoder.=midlayer.`, `draft_model.=`)")
     args = ap.parse_args(argv)
+    if any("=" not in r for r in args.rename):
+        print(f"eaglenest convert: --rename {args.rename}: each is OLD=NEW (a key prefix and its new spelling)",
+              file=sys.stderr)
+        return 2
     try:
-        out = convert(args.src, args.dst, args.to, num_target_layers=args.num_target_layers,
-                      verifier=args.verifier, speculative_tokens=args.speculative_tokens)
+        out = convert(local_path(args.src), local_path(args.dst), args.to, num_target_layers=args.num_target_layers,
+                      verifier=args.verifier, speculative_tokens=args.speculative_tokens,
+                      renames=[tuple(r.split("=", 1)) for r in args.rename])
     except (ConvertError, FormatError, InputError, OSError) as err:     # bad input: one line, exit 2
         print(f"eaglenest convert: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    before = json.loads((local_path(args.src) / formats.CONFIG_FILE).read_text()).get("draft_vocab_size")
+    if before is None:
+        after = json.loads((out / formats.CONFIG_FILE).read_text())["draft_vocab_size"]
+        print(f"draft_vocab_size: {before} in {args.src} → {after} (the rows of lm_head.weight)", file=sys.stderr)
     print(out)
     return 0
 

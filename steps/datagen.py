@@ -42,6 +42,7 @@ from steps.lib.artifacts import conversations_path, inference_device, load_targe
 from steps.lib.config import DatagenConfig, PipelineConfig, SyntheticConfig
 from steps.lib.data.chat import chat_token_ids, tokenize_conversation
 from steps.lib.data.prompts import benchmark_index, source_files_sha256, training_prompts
+from steps.lib.data.size import answers_needed, size_warning
 from steps.lib.data.synthetic import Generate, Stage, write_prompts, write_user_turns
 from steps.lib.http import get_json, post_json
 from steps.lib.model.decode import cpu_threads, decode, sampling_generator, torch_threads
@@ -412,6 +413,9 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id}, config=identity)
     synthetic, written = synthetic_prompts(cfg, writer, model, tokenizer, chunk_prompts)
     prompts = with_samples(offline + synthetic, cfg.datagen) if synthetic else prompts
+    small = size_warning(len(prompts), cfg, what="datagen")    # said before the target answers them
+    if small:
+        log.warning("%s", small)
     chunk_stats: list[dict[str, Any]] = []
     with progress.bar(total=len(prompts), desc="datagen", unit="prompt") as bar:
         for i, start in enumerate(range(0, len(prompts), chunk_prompts)):
@@ -434,8 +438,10 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     # the device a local backend decoded on: its generator draws the sampled answers (`sampling_generator`)
     # and the decoder and dtype it ran (bf16 answers differ from float32 ones: they are the served target's)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if local else None
-    return writer.commit(metrics=metrics, meta={"backend": cfg.datagen.backend, "device": device,
-                                                "decoder": decoder, "dtype": dtype, "chunks": len(chunk_stats)})
+    return writer.commit(metrics={**metrics, "answers_needed": answers_needed(cfg)},
+                         meta={"backend": cfg.datagen.backend, "device": device, "decoder": decoder, "dtype": dtype,
+                               "chunks": len(chunk_stats),
+                               "size_warning": size_warning(metrics["ok"], cfg, what="datagen")})
 
 
 def synthetic_prompts(cfg: PipelineConfig, writer: Any, model: Any, tokenizer: Any, round_size: int,

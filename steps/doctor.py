@@ -36,6 +36,7 @@ from steps.lib.artifacts import served_export, target_dir
 from steps.lib.checks.finding import Finding
 from steps.lib.config import InputError
 from steps.lib.diagnose import diagnose
+from steps.lib.home import local_path
 from steps.lib.store import ARTIFACT_ID, ArtifactError, open_store, store_uri_for
 
 #: where `--store` points when neither it nor EAGLENEST_STORE is set (the shipped configs' default).
@@ -46,6 +47,23 @@ def report(findings: list[Finding]) -> dict[str, Any]:
     """The --json shape: statuses upper-case, as printed."""
     return {"ok": not any(f.status == "fail" for f in findings),
             "checks": [{**f.to_dict(), "status": f.status.upper()} for f in findings]}
+
+
+#: the rows only a live server can judge, and what each needs it for
+SERVER_ROWS = {"F1": "the algorithm it serves with", "F6": "its CUDA-graph start", "F9": "live against offline τ"}
+
+
+def summary(findings: list[Finding], server: str | None) -> str:
+    """The last line: how many rows fail (which), pass, are skipped, and what was not checked without --server."""
+    by = {s: sorted({f.id for f in findings if f.status == s}) for s in ("fail", "warn", "pass", "skip")}
+    line = (f"doctor: {len(by['fail'])} failing" + (f" ({', '.join(by['fail'])})" if by["fail"] else "")
+            + (f", {len(by['warn'])} warning ({', '.join(by['warn'])})" if by["warn"] else "")
+            + f", {len(by['pass'])} passing, {len(by['skip'])} skipped")
+    unchecked = [f"{row} ({why})" for row, why in SERVER_ROWS.items()
+                 if server is None and not any(f.id == row for f in findings)]
+    if unchecked:
+        line += f"; not checked without --server URL: {', '.join(unchecked)}"
+    return line
 
 
 def read_serve_record(path: Path) -> list[dict[str, Any]]:
@@ -62,8 +80,8 @@ def resolve_inputs(path: str, target: str | None, store_uri: str) -> tuple[Path,
     draft_dir, lineage_target = served_export(path, store_uri)
     if target is None:
         return draft_dir, lineage_target
-    if Path(target).is_dir():
-        return draft_dir, Path(target)
+    if local_path(target).is_dir():
+        return draft_dir, local_path(target)
     if ARTIFACT_ID.fullmatch(target):
         return draft_dir, target_dir(open_store(store_uri), target)
     raise FileNotFoundError(f"--target {target}: neither a model directory nor a target artifact id (16 hex digits)")
@@ -98,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eaglenest doctor: {err}", file=sys.stderr)
         return 2
     out = report(findings)
-    print(json.dumps(out, indent=2) if args.json else "\n".join(str(f) for f in findings))
+    print(json.dumps(out, indent=2) if args.json else "\n".join([*map(str, findings), summary(findings, args.server)]))
     return 0 if out["ok"] else 1
 
 

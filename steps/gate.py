@@ -87,6 +87,14 @@ def regressions(candidate: dict[str, dict[str, float]], champion: dict[str, dict
 DIAGNOSED = ("zero-acceptance", "degraded")
 
 
+def rejected(tau: float) -> str:
+    """What a τ at the floor means, worded for the number: τ counts the bonus token, so τ - 1 is the drafted
+    tokens accepted per verify step."""
+    if tau <= 1.0:
+        return "every draft token rejected"
+    return f"almost every draft token rejected ({tau - 1:.3f} accepted per verify step)"
+
+
 def decide(gate: GateConfig, metrics: dict[str, Any], candidate_sets: dict[str, dict[str, float]],
            champion_sets: dict[str, dict[str, float]] | None, *, is_champion: bool = False
            ) -> tuple[str, list[str]]:
@@ -101,7 +109,7 @@ def decide(gate: GateConfig, metrics: dict[str, Any], candidate_sets: dict[str, 
         return "zero-acceptance", ["the benchmark recorded no live τ: the server reported no speculative "
                                    "decoding counters (is the draft loaded, the algorithm set?)"]
     if tau <= gate.zero_acceptance_tau:
-        return "zero-acceptance", [f"live τ {tau:.3f} ≤ {gate.zero_acceptance_tau}: every draft token rejected"]
+        return "zero-acceptance", [f"live τ {tau:.3f} ≤ {gate.zero_acceptance_tau}: {rejected(tau)}"]
     reasons = []
     if tau < gate.min_tau:
         reasons.append(f"live τ {tau:.3f} < gate.min_tau {gate.min_tau}")

@@ -34,6 +34,7 @@ from typing import Any
 
 from steps.lib.artifacts import served_export
 from steps.lib.config import PipelineConfig
+from steps.lib.home import under_home
 from steps.lib.runtime.processes import forwarding_signals
 from steps.lib.serving.launch import ServerStartError, launch_with_fallback
 from steps.lib.serving.start import LAUNCHERS, build_sglang_command, health_url_for, preflight, start, target_config_for
@@ -70,7 +71,7 @@ def launch_directory(cfg: PipelineConfig, args: argparse.Namespace) -> int | Non
     draft_dir, lineage_target = served_export(args.draft, store_uri_for(args.store, cfg.store))
     args.draft = str(draft_dir)
     args.target_path = args.target_path or (lineage_target and str(lineage_target)) or cfg.target.path
-    args.log_dir = args.log_dir or "out/serve"
+    args.log_dir = args.log_dir or str(under_home("out/serve"))
     if not args.target_path:
         raise UsageError(f"--draft {args.draft}: no store lineage names its target (a directory outside the store) "
                          f"and {args.config} (target.source={cfg.target.source}) names no model directory; pass "

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from steps.lib.checks.vocab import validate_vocab
 from steps.lib.config import PipelineConfig
+from steps.lib.home import local_path
 from steps.lib.store import ARTIFACT_ID, ArtifactError, Store, artifact_id, content_sha256, open_store, sha256_file
 
 if TYPE_CHECKING:
@@ -209,8 +210,8 @@ def served_export(draft: str, store_uri: str) -> tuple[Path, Path | None]:
     """An exported SGLang draft given as a directory or an export artifact id, and the target directory its
     lineage names: the export's manifest records the target it was trained for, so serving it needs no
     `--target-path`. A directory outside any file:// store (copied elsewhere, or downloaded) has no
-    lineage: (its path, None)."""
-    path = Path(draft)
+    lineage: (its path, None). A directory may be given as the `file://` URI a run printed for it."""
+    path = local_path(draft)
     if path.is_dir():
         found = _export_holding(path.resolve())
         if found is None:

@@ -22,7 +22,7 @@ from safetensors import safe_open
 
 from steps.lib import formats
 from steps.lib.checks.algorithm import check_algorithm, draft_architecture
-from steps.lib.checks.config import REEXPORT_FIX, check_config_fields, unknown_layout
+from steps.lib.checks.config import check_config_fields, unknown_layout
 from steps.lib.checks.context import check_context
 from steps.lib.checks.cuda_graph import check_cuda_graph, server_unreachable
 from steps.lib.checks.finding import Finding
@@ -114,17 +114,27 @@ def check_layout(ck: Checkpoint) -> Finding:
 
 # --- the offline rows, each by its own module ---------------------------------------------------------
 
+def convert_command(ck: Checkpoint, num_target_layers: Any) -> str:
+    """`eaglenest convert` that rewrites this directory for its engine (beside it, as `<dir>-fixed`): the
+    target's depth when the directory records no aux layer ids (else the server would capture its defaults)."""
+    command = f"eaglenest convert {ck.path.resolve()} {ck.path.resolve()}-fixed --to {ck.engine}"
+    if not formats.engine_layer_ids(ck.config, ck.engine):
+        command += f" --num-target-layers {num_target_layers if isinstance(num_target_layers, int) else 'N'}"
+    return command
+
+
 def offline_checks(ck: Checkpoint, target: dict[str, Any] | None, context_length: int | None) -> list[Finding]:
     """F2, F3, F4, F5, F7 on the directory, against the target's config.json when there is one."""
     target = target or {}
     lc = ck.layer_config()
     target_vocab, target_hidden = target.get("vocab_size"), target.get("hidden_size")
-    config_fix = f"{REEXPORT_FIX}, or `eaglenest convert PATH OUT --to sglang`"
+    command = convert_command(ck, target.get("num_hidden_layers"))
+    config_fix = f"`{command}` (it writes the config from the weights: draft_vocab_size = the head's rows)"
     if ck.layout == "eagle-official":
-        config_fix = (f"repackage for SGLang: `eaglenest convert {ck.path} OUT --to sglang --num-target-layers N` "
-                      "(architectures LlamaForCausalLMEagle3, explicit eagle_config ids)")
+        config_fix = (f"repackage for SGLang: `{command}` (architectures LlamaForCausalLMEagle3, explicit "
+                      "eagle_config ids)")
     return [
-        check_keys(ck.tensors, ck.engine, ck.shape(), where=ck.weights_where),
+        check_keys(ck.tensors, ck.engine, ck.shape(), where=ck.weights_where, convert=command),
         check_vocab(ck.tensor("d2t"), ck.tensor("t2d"), draft_vocab=ck.config.get("draft_vocab_size"),
                     vocab=lc.get("vocab_size"), target_vocab=target_vocab if isinstance(target_vocab, int) else None,
                     where=ck.where, weights_where=ck.weights_where),

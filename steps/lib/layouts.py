@@ -81,13 +81,27 @@ class Draft:
 
 # --- reading ---------------------------------------------------------------------------------------
 
-def read_draft(src: str | Path, *, num_target_layers: int | None = None) -> tuple[str, Draft]:
-    """(layout, Draft) of any known layout; raises ConvertError on anything not carried faithfully."""
+def renamed(tensors: dict[str, torch.Tensor], renames: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    """Keys starting with OLD get NEW in its place (`decoder.` → `midlayer.`, `draft_model.` → ``), the first
+    matching rename per key: what doctor's F2 fix names for keys a loader would drop."""
+    out = {}
+    for key, value in tensors.items():
+        old, new = next(((o, n) for o, n in renames if key.startswith(o)), ("", ""))
+        out[new + key[len(old):]] = value
+    if len(out) != len(tensors):
+        raise ConvertError(f"--rename {renames}: two keys end up with one name; name the prefixes exactly")
+    return out
+
+
+def read_draft(src: str | Path, *, num_target_layers: int | None = None,
+               renames: list[tuple[str, str]] | None = None) -> tuple[str, Draft]:
+    """(layout, Draft) of any known layout, its keys renamed first; raises ConvertError on anything not carried
+    faithfully. A missing or null `draft_vocab_size` is read from the weights (lm_head.weight's rows: F7)."""
     src = Path(src)
     config = formats.read_config(src)
     weights = formats.draft_file(src, formats.WEIGHTS_FILE)
     tensor_meta(weights)        # a truncated or corrupt file is named before it is read whole
-    tensors = load_file(str(weights))
+    tensors = renamed(load_file(str(weights)), renames or [])
     layout = detect_layout(config, list(tensors))
     if layout not in SOURCE_ENGINE:
         raise ConvertError(f"{src}/{formats.CONFIG_FILE}: layout not recognised (architectures="
@@ -96,7 +110,7 @@ def read_draft(src: str | Path, *, num_target_layers: int | None = None) -> tupl
     engine = SOURCE_ENGINE[layout]
     refuse_unconvertible(config, engine, src)
     state = canonical_state(tensors, engine, src)
-    fields = layer_fields(config, engine, src)
+    fields = layer_fields(config, engine, src, draft_vocab_rows=int(state["lm_head.weight"].shape[0]))
     ids = source_layer_ids(config, layout, num_target_layers, src)
     lc = formats.layer_config(config, engine)
     dtype = str(state["fc.weight"].dtype).removeprefix("torch.")
@@ -140,13 +154,15 @@ def canonical_state(tensors: dict[str, torch.Tensor], engine: str, src: Path) ->
     return state
 
 
-def layer_fields(config: dict[str, Any], engine: str, src: Path) -> dict[str, Any]:
-    """The fields engine formats' `build_config` build from, read from either layout."""
+def layer_fields(config: dict[str, Any], engine: str, src: Path, *, draft_vocab_rows: int) -> dict[str, Any]:
+    """The fields engine formats' `build_config` build from, read from either layout. `draft_vocab_size` missing
+    or null is repaired from the weights: the head has one row per draft token (`draft_vocab_rows`)."""
     lc = formats.layer_config(config, engine)
     try:
         heads, hidden = int(lc["num_attention_heads"]), int(lc["hidden_size"])
-        draft_vocab = config["draft_vocab_size"]
-        if not isinstance(draft_vocab, int):
+        draft_vocab = config.get("draft_vocab_size")
+        draft_vocab = draft_vocab_rows if draft_vocab is None else draft_vocab
+        if not isinstance(draft_vocab, int) or isinstance(draft_vocab, bool):
             raise TypeError(f"draft_vocab_size={draft_vocab!r}")
         theta = lc.get("rope_theta") or (lc.get("rope_parameters") or {}).get("rope_theta") or 10000.0
         return {"hidden_size": hidden, "intermediate_size": int(lc["intermediate_size"]),
@@ -205,14 +221,15 @@ def write_dir(out: Path, to: str, state: dict[str, torch.Tensor], config: dict[s
 
 def convert(src: str | Path, dst: str | Path, to: str, *, num_target_layers: int | None = None,
             verifier: str | None = None, verifier_architectures: list[str] | None = None,
-            speculative_tokens: int = 3) -> Path:
-    """SRC (any known layout) → DST in `to`'s layout, strict-checked; DST appears only when it passes."""
+            speculative_tokens: int = 3, renames: list[tuple[str, str]] | None = None) -> Path:
+    """SRC (any known layout, keys renamed by `renames`) → DST in `to`'s layout, strict-checked; DST appears only
+    when it passes."""
     if to not in formats.ENGINES:
         raise ConvertError(f"--to {to!r}; known: {', '.join(formats.ENGINES)}")
     dst = Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} already exists; conversions never overwrite a directory")
-    _, draft = read_draft(src, num_target_layers=num_target_layers)
+    _, draft = read_draft(src, num_target_layers=num_target_layers, renames=renames)
     config = build_config(draft, to, verifier=verifier, verifier_architectures=verifier_architectures,
                           speculative_tokens=speculative_tokens)
     tmp = dst.parent / f".{dst.name}.converting-{os.getpid()}"

@@ -2,11 +2,12 @@
 `prefect server start` and a process worker (the `prefect_stack` fixture), every step its own deployment run.
 
 In file order (they share the stack and its store, so later tests reuse earlier artifacts):
+0. a typo'd parameter fails the run before any step, its one line (file, field, fix) as the state message;
 1. a run exits 0 and `production` points at the drafter it built; `--watch` ends with τ, speedup and the
    draft's location; its report and metrics table exist; a challenger the gate rejects ends `Rejected`
    (a Completed state: exit 0, no traceback) and leaves production alone;
 2. zero acceptance forced by a server started with the EAGLE flag: the gate records τ ≤ 1.1 and F1, the
-   run fails, `production` stays, and the report names F1;
+   run fails in a state named `ZeroAcceptance` with no traceback, `production` stays, and the report names F1;
 3. a later run answers the steps already stored in the parent (no child run for them); a run that failed
    at the benchmark, retried, re-runs only the benchmark and what follows (earlier steps show as Cached).
 
@@ -104,7 +105,7 @@ def wait_final(stack, flow_run_id: UUID, timeout_s: float = RUN_TIMEOUT_S) -> st
 def report_markdown(stack) -> str:
     with client(stack) as c:
         art = c.read_latest_artifacts()  # one per key, newest version
-    found = [a for a in art if a.key == "eagle3-report-tiny"]
+    found = [a for a in art if a.key == "eagle3-tiny-00-report"]
     assert found, [a.key for a in art]
     return str(found[0].data)
 
@@ -127,8 +128,8 @@ def progress_artifacts(stack, flow_run_id: UUID) -> dict[str, float]:
             flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in children])))
     best: dict[str, float] = {}
     for a in arts:
-        assert a.key and a.key.startswith("eagle3-progress-"), (a.key, a.description)   # titled by step
-        name = a.key.removeprefix("eagle3-progress-")
+        assert a.key and re.fullmatch(r"eagle3-tiny-\d\d-[a-z]+-progress", a.key), (a.key, a.description)
+        name = a.key.split("-")[3]      # titled by step, in pipeline order
         best[name] = max(best.get(name, 0.0), float(a.data))
     return best
 
@@ -161,6 +162,20 @@ def start_reference_server(stack, port: int, algorithm: str):
 
 # --- the tests --------------------------------------------------------------------------------------------
 
+def test_a_typo_in_a_parameter_fails_the_run_in_one_line_before_any_step(prefect_stack):
+    code, run_id, out = run_pipeline(prefect_stack, 'overrides=["train.lrr=3e-4"]')
+    assert code != 0
+    assert "Traceback" not in out and "unexpected exception" not in out, out[-3000:]
+    with client(prefect_stack) as c:
+        state = c.read_flow_run(run_id).state
+    assert state.type.value == "FAILED", state
+    # the CLI's line: the file, the field, the fix
+    assert state.message.startswith("parameter overrides: ") and "tiny.yaml" in state.message, state.message
+    assert "train.lrr: unknown field" in state.message and "-p overrides=" in state.message, state.message
+    assert state.message in out
+    assert child_runs(prefect_stack, run_id) == {} and task_states(prefect_stack, run_id) == {}
+
+
 def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     code, run_id, out = run_pipeline(prefect_stack)
     assert code == 0, out[-4000:]
@@ -171,14 +186,23 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     assert production["id"] == exports[0] and production["meta"]["flow_run_id"] == str(run_id)
     assert production["meta"]["tau"] > 1.1
     # where the user looks: `--watch` ends with the verdict, τ, speedup and the draft's locations
-    export_uri = store.artifact_uri("export", exports[0])
+    export_dir = store.artifact_uri("export", exports[0]).removeprefix("file://")
     tail = out[out.index("gate: promote"):] if "gate: promote" in out else out[-3000:]
     assert f"τ {production['meta']['tau']:.3f} live" in tail, tail
-    assert f"draft: {export_uri}/sglang (SGLang), {export_uri}/vllm (vLLM)" in tail, tail
+    assert f"draft: {export_dir}/sglang (SGLang), {export_dir}/vllm (vLLM)" in tail, tail
     assert "finished successfully in 'Promoted'" in tail, tail
-    launch = re.search(r"serve it: (.*sglang\.launch_server.*)", tail)
-    assert launch and f"--speculative-draft-model-path {export_uri.removeprefix('file://')}/sglang" in launch[1], tail
-    assert "--speculative-algorithm EAGLE3" in launch[1], tail
+    # the launch command in a script beside the export (a log line `--watch` does not wrap), said once
+    script = re.search(r"serve it: sh (\S+)", tail)
+    assert script and tail.count("serve it:") == 1, tail
+    launch = Path(script[1]).read_text()
+    assert f"--speculative-draft-model-path {export_dir}/sglang" in launch and "sglang.launch_server" in launch
+    assert "--speculative-algorithm EAGLE3" in launch, launch
+    # the run's header: verdict, τ, the draft and a link to the report, the report's first line its link
+    with client(prefect_stack) as c:
+        message = c.read_flow_run(run_id).state.message
+    assert message.startswith(f"promote: live τ {production['meta']['tau']:.3f} ≥ "), message
+    assert f"draft {export_dir}/sglang" in message and "/artifacts/artifact/" in message, message
+    assert re.search(r"report: http://127\.0\.0\.1:\d+/artifacts/artifact/[0-9a-f-]{36}", out), tail
     children = child_runs(prefect_stack, run_id)
     assert set(children) >= {"target", "datagen", "extract", "mapping", "train", "export", "verify", "serve",
                              "benchmark", "gate"}, children
@@ -200,6 +224,7 @@ def test_a_challenger_the_gate_rejects_ends_rejected_not_failed(prefect_stack):
     assert "finished successfully in 'Rejected'" in out, out[-3000:]
     assert re.search(r"gate: reject: live τ \d\.\d{3} < gate\.min_tau 5", out), out[-3000:]
     assert "Traceback" not in out, out[-3000:]
+    assert "serve it:" not in out, out[-3000:]       # no launch line for a draft the gate refused
     assert store.get_alias("production") == before
     with client(prefect_stack) as c:
         state = c.read_flow_run(run_id).state
@@ -229,10 +254,44 @@ def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
     assert re.search(r"\| F1 \| FAIL \| [^|]*served with --speculative-algorithm EAGLE:", report), report[:3000]
     assert "not applicable here" in report      # a server this run did not start is not restarted by it
     assert wait_final(prefect_stack, run_id) == "FAILED"
+    # an expected verdict: a state named after it, its lines once, no traceback
+    with client(prefect_stack) as c:
+        assert c.read_flow_run(run_id).state.name == "ZeroAcceptance"
+    assert "Traceback" not in out and "unexpected exception" not in out, out[-3000:]
     children = child_runs(prefect_stack, run_id)
     assert children["gate"] == ["Completed"]   # the gate decided; the pipeline refused
     # the first test stored target..verify for this config: answered in the parent, no child run each
     assert not {"target", "datagen", "extract", "mapping", "train", "export", "verify"} & set(children), children
+
+
+def test_a_cancelled_run_is_cancelled_down_the_tree_and_starts_no_rollback(prefect_stack):
+    """`prefect flow-run cancel` while a step runs: the run, the step's own run and its task end `Cancelled`
+    (Prefect acknowledges the cancel only while its SIGTERM handler is in place), never `Crashed`."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with client(prefect_stack) as c:
+        deployment = c.read_deployment_by_name(DEPLOYMENT)
+        # reuse=false: every step a child run of its own, so there is one to be running when the cancel lands
+        run = c.create_flow_run_from_deployment(deployment.id, parameters={"store": prefect_stack.store_uri,
+                                                                            "reuse": False})
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            children = c.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+            if any(r.state and r.state.is_running() for r in children):
+                break
+            time.sleep(1)
+    cancel = prefect(prefect_stack, "flow-run", "cancel", str(run.id), timeout=120)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert wait_final(prefect_stack, run.id) == "CANCELLED"
+    children = child_runs(prefect_stack, run.id)
+    assert children and all(states[-1] in ("Completed", "Cancelled") for states in children.values()), children
+    assert "Cancelled" in {states[-1] for states in children.values()}, children
+    tasks = task_states(prefect_stack, run.id)
+    assert all(states[-1] in ("Completed", "Cached", "Cancelled") for states in tasks.values()), tasks
+    with client(prefect_stack) as c:
+        rollbacks = c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["eaglenest-rollback"])))
+    assert f"prefect.flow-run.{run.id}" not in [r.parameters.get("flow_run_id") for r in rollbacks]
 
 
 def test_retry_after_a_benchmark_failure_reruns_only_what_failed(prefect_stack):

@@ -2,8 +2,9 @@
 
 1. in-process: a failure inside the promotion transaction (the promoted export does not verify)
    runs `promote`'s rollback hook, which puts `production` and `previous` back exactly;
-2. the safety net: a failed `eagle3-pipeline` run that had moved `production` makes the server's
-   automation start `eaglenest-rollback/rollback-local` on the worker, which moves `production` back.
+2. the safety net: a failed `eagle3-pipeline` run that had moved `production` (tagged moved-production) makes
+   the server's automation start `eaglenest-rollback/rollback-local` on the worker, which moves `production`
+   back; a failed run that moved nothing (a typo'd parameter) starts no rollback.
 
 `rollback_flow`'s other two branches, run as a flow against the same server (no automation to wait for):
 a failed `benchmark` child run rolls back what its parent pipeline promoted (the parent found through the
@@ -69,26 +70,48 @@ def test_a_failure_inside_the_transaction_restores_both_aliases(api, store):
     assert store.get_alias("previous") is None
 
 
-def test_the_automation_rolls_back_after_a_pipeline_run(api, store):
-    from prefect.client.orchestration import SyncPrefectClient
+def failed_pipeline_run(client, store, *, moved: bool, message: str):
+    """An eagle3-pipeline run that ended Failed; `moved`: it had promoted export b first (tagged and recorded as
+    `promote` does it)."""
     from prefect.states import Failed, Running
 
     from flows.pipeline import eagle3_pipeline
+    from flows.promotion import MOVED_TAG, tag_run
+
+    run = client.create_flow_run(eagle3_pipeline, parameters={"config": "configs/tiny.yaml", "store": store.uri})
+    if moved:
+        tag_run(str(run.id), MOVED_TAG)
+        store.restore_alias("previous", store.get_alias("production"))
+        store.set_alias("production", "export", "b000000000000002", meta={"flow_run_id": str(run.id)})
+    client.set_flow_run_state(run.id, Running(), force=True)
+    client.set_flow_run_state(run.id, Failed(message=message), force=True)
+    return run
+
+
+def rollback_targets(client) -> list[str]:
+    """The `flow_run_id` parameter of every eaglenest-rollback run the automation started."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["eaglenest-rollback"])))
+    return [r.parameters["flow_run_id"] for r in runs]
+
+
+def test_the_automation_rolls_back_after_a_pipeline_run_that_moved_production_only(api, store):
+    from prefect.client.orchestration import SyncPrefectClient
 
     with SyncPrefectClient(api.api_url) as client:
-        run = client.create_flow_run(eagle3_pipeline, parameters={"config": "configs/tiny.yaml", "store": store.uri})
-        # what a pipeline run that promoted and then died leaves behind
-        old = store.get_alias("production")
-        store.restore_alias("previous", old)
-        store.set_alias("production", "export", "b000000000000002", meta={"flow_run_id": str(run.id)})
-        client.set_flow_run_state(run.id, Running(), force=True)
-        client.set_flow_run_state(run.id, Failed(message="crashed after promotion"), force=True)
-
+        # a run refused for a typo moved nothing: its Failed state starts no rollback ...
+        typo = failed_pipeline_run(client, store, moved=False, message="parameter config: tiniy.yaml: not found")
+        # ... the one that promoted and then died does
+        run = failed_pipeline_run(client, store, moved=True, message="crashed after promotion")
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and store.get_alias("production")["id"] != "a000000000000001":
             time.sleep(3)
-    assert store.get_alias("production")["id"] == "a000000000000001"
-    assert store.get_alias("production")["meta"] == {"tau": 2.0}
+        assert store.get_alias("production")["id"] == "a000000000000001"
+        assert store.get_alias("production")["meta"] == {"tau": 2.0}
+        # the triggers service reads events in order: the typo's Failed was judged before the promoted run's
+        targets = rollback_targets(client)
+    assert f"prefect.flow-run.{run.id}" in targets and f"prefect.flow-run.{typo.id}" not in targets, targets
 
 
 def pipeline_run(client, store, *, moved: bool):

@@ -212,6 +212,17 @@ def test_resume_skips_committed_chunks(tiny, clean_run, tmp_path, monkeypatch):
     assert list(artifacts.read_conversations(store, m.id)) == list(artifacts.read_conversations(clean_run[0], clean.id))
 
 
+def test_a_dataset_far_below_what_the_config_needs_is_said_before_answering_and_recorded(tiny, tmp_path, caplog):
+    """Two prompts for configs/tiny.yaml (gate.min_tau 1.2: ~327 answers by benchmarks/README.md's curve)."""
+    store, tid, _, _ = tiny
+    path = prompt_file(tmp_path / "p.jsonl", PROMPTS[:2])
+    with caplog.at_level("WARNING", logger="eaglenest.datagen"):
+        m = D.run(cfg_for(path), store, tid)
+    said = [r.getMessage() for r in caplog.records if "far below" in r.getMessage()]
+    assert said and said[0].startswith("datagen: 2 answers, far below the ~327"), caplog.text
+    assert m.metrics["answers_needed"] == 327 and "far below" in m.meta["size_warning"]
+
+
 def test_long_prompts_are_skipped_counted_and_named_in_a_log_line(tiny, tmp_path, caplog):
     store, tid, _, _ = tiny
     path = prompt_file(tmp_path / "p.jsonl", ["Say hi.", "word " * 400])

@@ -250,8 +250,31 @@ def test_prompts_read_a_file_source_given_as_a_file_store_uri(tmp_path):
     record, _ = upload_dataset(store, write_jsonl(tmp_path / "chats.jsonl", GOOD_ROWS), "support")
     prompts = load_source(PromptSource(kind="file", path=record["uri"]))
     assert [p["messages"][-1]["content"] for p in prompts] == ["What is a drafter?", "Hi"]
-    with pytest.raises(ValueError, match="datasets/<name>/<file>"):
-        load_source(PromptSource(kind="file", path=f"{store.uri}/chats.jsonl"))
+    with pytest.raises(ValueError, match="datasets/\\[<pipeline>/\\]<name>/<file>"):
+        load_source(PromptSource(kind="file", path="s3://bucket/prefix/chats.jsonl"))
+    # a file:// URI outside datasets/ is the local file it names, as a plain path is
+    (tmp_path / "local.jsonl").write_text(json.dumps(GOOD_ROWS[0]) + "\n")
+    assert len(load_source(PromptSource(kind="file", path=f"file://{tmp_path / 'local.jsonl'}"))) == 1
+
+
+def test_a_dataset_uploaded_for_another_pipeline_is_read_from_its_uri(tmp_path):
+    """datasets/smollm2/<name>/<file>: the URI the trigger hands eagle3-pipeline/smollm2 loads."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    record, _ = upload_dataset(store, write_jsonl(tmp_path / "chats.jsonl", GOOD_ROWS), "support", "smollm2")
+    assert "/datasets/smollm2/support/" in record["uri"]
+    assert len(load_source(PromptSource(kind="file", path=record["uri"]))) == 2
+
+
+def test_upload_of_a_dataset_far_below_its_pipelines_need_warns_with_the_numbers(tmp_path, capsys):
+    small = write_jsonl(tmp_path / "support-chats.jsonl", [{"prompt": f"question {i}?"} for i in range(32)])
+    store_uri = f"file://{tmp_path / 'store'}"
+    assert datasets.main(["upload", str(small), "--name", "support", "--store", store_uri, "--no-event"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: support-chats.jsonl for eagle3-pipeline/tiny: 32 answers, far below the ~327" in err, err
+    assert "gate.min_tau 1.2" in err and "datagen.samples_per_prompt=" in err
+    enough = write_jsonl(tmp_path / "enough.jsonl", [{"prompt": f"question {i}?"} for i in range(100)])
+    assert datasets.main(["upload", str(enough), "--name", "enough", "--store", store_uri, "--no-event"]) == 0
+    assert "far below" not in capsys.readouterr().err
 
 
 def test_the_pipelines_dataset_parameter_makes_the_upload_its_only_prompt_source(tmp_path):

@@ -162,7 +162,7 @@ def test_each_gpu_and_serve_deployment_runs_one_job_at_a_time(deployments):
 def test_each_pipeline_starts_on_the_uploads_for_it_debounced_per_dataset(deployments, deployment, pipeline, config):
     from prefect.events import DeploymentEventTrigger
 
-    from flows.dataset_trigger import PIPELINES
+    from flows.dataset_trigger import PIPELINE_CONFIGS, PIPELINES
 
     (raw,) = deployments[f"eagle3-pipeline/{deployment}"]["triggers"]
     trigger = DeploymentEventTrigger.model_validate({k: v for k, v in raw.items() if k != "type"})
@@ -173,18 +173,44 @@ def test_each_pipeline_starts_on_the_uploads_for_it_debounced_per_dataset(deploy
     assert trigger.threshold == 1 and trigger.within.total_seconds() >= 30
     assert trigger.parameters["dataset"] == "{{ event.payload.uri }}"
     assert trigger.parameters["mode"] == "deployments" and trigger.parameters["config"] == config
+    assert PIPELINE_CONFIGS[pipeline] == config     # what `dataset upload` sizes the file against
 
 
-def test_the_rollback_trigger_fires_on_failed_or_crashed_pipeline_and_benchmark_runs(deployments):
-    from prefect.events import DeploymentEventTrigger
+def state_change(state_name: str, *, flow: str = "eagle3-pipeline", tags: tuple[str, ...] = ()):
+    """The event Prefect's server emits when a flow run enters a state: the run as resource, its flow and each
+    of its tags as related resources (prefect/server/models/events.py)."""
+    import datetime as dt
+    from uuid import uuid4
+
+    from prefect.server.events.schemas.events import ReceivedEvent
+
+    related = [{"prefect.resource.id": f"prefect.flow.{uuid4()}", "prefect.resource.role": "flow",
+                "prefect.resource.name": flow}]
+    related += [{"prefect.resource.id": f"prefect.tag.{tag}", "prefect.resource.role": "tag"}
+                for tag in ("eaglenest", "pipeline", *tags)]
+    return ReceivedEvent(occurred=dt.datetime.now(dt.UTC), event=f"prefect.flow-run.{state_name}", id=uuid4(),
+                         resource={"prefect.resource.id": f"prefect.flow-run.{uuid4()}",
+                                   "prefect.resource.name": "metal-raven"}, related=related)
+
+
+def test_the_rollback_trigger_fires_only_for_a_failed_or_crashed_run_that_moved_production(deployments):
+    """Judged by the server's own trigger model on the events its state changes emit: a run tagged
+    moved-production (flows/promotion.py tags it before it moves the alias) that fails or crashes starts the
+    rollback; a typo'd run (plain Failed, no tag), a cancelled run, a verdict's own state (ZeroAcceptance) or
+    another flow never does."""
+    from prefect.server.events.schemas.automations import EventTrigger
+
+    from flows.promotion import MOVED_TAG
 
     (raw,) = deployments["eaglenest-rollback/rollback-local"]["triggers"]
-    trigger = DeploymentEventTrigger.model_validate({k: v for k, v in raw.items() if k != "type"})
-    assert trigger.expect == {"prefect.flow-run.Failed", "prefect.flow-run.Crashed"}
-    related = trigger.match_related.root if hasattr(trigger.match_related, "root") else trigger.match_related
-    assert related["prefect.resource.role"] == "flow"
-    assert sorted(related["prefect.resource.name"]) == ["benchmark", "eagle3-pipeline"]
-    assert trigger.parameters == {"flow_run_id": "{{ event.resource.id }}", "reason": "{{ event.event }}"}
+    trigger = EventTrigger.model_validate({k: v for k, v in raw.items() if k in EventTrigger.model_fields})
+    assert trigger.covers(state_change("Failed", tags=(MOVED_TAG,)))
+    assert trigger.covers(state_change("Crashed", tags=(MOVED_TAG,)))
+    for event in (state_change("Failed"), state_change("Crashed"), state_change("Cancelled", tags=(MOVED_TAG,)),
+                  state_change("ZeroAcceptance"), state_change("Completed", tags=(MOVED_TAG,)),
+                  state_change("Failed", flow="benchmark", tags=(MOVED_TAG,))):
+        assert not trigger.covers(event), event.event
+    assert raw["parameters"] == {"flow_run_id": "{{ event.resource.id }}", "reason": "{{ event.event }}"}
 
 
 def test_the_sensor_is_not_scheduled_by_default_and_never_queues_polls(deployments):

@@ -211,3 +211,50 @@ def test_cli_takes_ids_like_the_steps_and_finds_the_target_through_the_lineage(t
         assert doctor.main(bad) == 2
         err = capsys.readouterr().err
         assert err.startswith("eaglenest doctor: ") and err.count("\n") == 1
+
+
+# --- each fix a command that works ----------------------------------------------------------------------
+
+def fix_command(finding: Finding) -> list[str]:
+    """The `eaglenest convert ...` a finding's fix names, as argv after `eaglenest`."""
+    import re
+    import shlex
+
+    found = re.search(r"`eaglenest (convert [^`]+)`", finding.fix)
+    assert found, finding.fix
+    return shlex.split(found[1])
+
+
+def renamed_layer(state: dict) -> None:
+    """A trainer that called the draft layer `decoder` (SGLang drops every such key without a word)."""
+    for key in [k for k in state if k.startswith("midlayer.")]:
+        state[key.replace("midlayer.", "decoder.", 1)] = state.pop(key)
+
+
+@pytest.mark.parametrize("row, edits", [
+    ("F7", {"config_edit": lambda c: c.update(draft_vocab_size=None)}),
+    ("F7", {"config_edit": lambda c: c.pop("draft_vocab_size")}),
+    ("F2", {"state_edit": renamed_layer}),
+    ("F2", {"state_edit": renamed_layer, "config_edit": lambda c: c.update(draft_vocab_size=None)}),
+])
+def test_the_fix_doctor_prints_is_a_command_that_repairs_the_directory(tmp_path, row, edits, capsys):
+    from steps import convert
+
+    target = target_dir(tmp_path)
+    broken = specforge_layout(tmp_path, **edits)
+    found = verdicts(broken, target=target)
+    assert row in failed(found)
+    argv = fix_command(found[row])
+    if row == "F2":
+        assert "--rename" in argv and "decoder.=midlayer." in argv     # the rename, by name
+    assert convert.main(argv[1:]) == 0, capsys.readouterr().err
+    fixed = verdicts(Path(argv[2]), target=target)
+    assert not failed(fixed) and fixed["F7"].evidence.endswith(f"draft_vocab_size={VD}"), fixed
+
+
+def test_the_last_line_sums_up_and_says_what_needs_a_server(tmp_path, capsys):
+    bad = specforge_layout(tmp_path, config_edit=lambda c: c.update(draft_vocab_size=None))
+    assert doctor.main([str(bad), "--target", str(target_dir(tmp_path))]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("doctor: 1 failing (F7), ") and " passing, " in last, last
+    assert "not checked without --server URL: F1 (" in last and "F6 (" in last and "F9 (" in last, last

@@ -40,6 +40,12 @@ def test_zero_acceptance_is_its_own_verdict():
     assert decide(GATE, {"tau": 1.1, "speedup": 0.6}, {}, None)[0] == "zero-acceptance"
 
 
+def test_the_zero_acceptance_reason_is_worded_for_the_measured_tau():
+    assert decide(GATE, {"tau": 1.0, "speedup": 0.6}, {}, None)[1] == ["live τ 1.000 ≤ 1.1: every draft token rejected"]
+    (reason,) = decide(GATE, {"tau": 1.077, "speedup": 0.6}, {}, None)[1]
+    assert reason == "live τ 1.077 ≤ 1.1: almost every draft token rejected (0.077 accepted per verify step)"
+
+
 def test_a_set_losing_more_than_two_percent_blocks_promotion():
     champion = {"T=0.0 bs=1": {"tau": 2.0, "speedup": 1.50}, "T=0.0 bs=4": {"tau": 2.0, "speedup": 1.20}}
     within = {"T=0.0 bs=1": {"tau": 1.99, "speedup": 1.48}, "T=0.0 bs=4": {"tau": 2.1, "speedup": 1.19}}
@@ -84,7 +90,12 @@ def test_run_report_names_the_lineage_the_verdict_and_the_doctor_rows():
     assert "not applicable here" in md
     assert "| True | timeout | 60 |" in md and "| False | healthy | 9 |" in md
     assert "data:image/png;base64," in md
-    assert artifact_key("report", "Llama-3.1 8B") == "eagle3-report-llama-3-1-8b"
+    assert artifact_key("report", "Llama-3.1 8B") == "eagle3-llama-3-1-8b-00-report"
+    # sorted by key, a pipeline's artifacts read in the order its steps run, the report first
+    keys = [artifact_key("metrics", "tiny", s) for s in ("benchmark", "target", "gate", "datagen")]
+    assert sorted([*keys, artifact_key("report", "tiny")]) == [
+        "eagle3-tiny-00-report", "eagle3-tiny-01-target-metrics", "eagle3-tiny-02-datagen-metrics",
+        "eagle3-tiny-09-benchmark-metrics", "eagle3-tiny-10-gate-metrics"]
 
 
 def test_production_re_measured_below_its_own_record_is_degraded_not_current():
@@ -214,7 +225,7 @@ def test_a_benchmark_without_tau_is_zero_acceptance_diagnosed_not_promoted(world
 
 
 def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
-    from flows.ui import result_lines, run_result
+    from flows.ui import result_lines, run_result, state_message
 
     records = {"verify": {"metrics": {"tau": 1.6721311, "speedup": 0.41}}}
     decision = {"verdict": "reject", "reasons": ["live τ 1.338 < gate.min_tau 5.0"],
@@ -226,13 +237,40 @@ def test_the_result_lines_name_live_and_offline_numbers_and_the_draft():
     assert result_lines(result) == [
         "gate: reject: live τ 1.338 < gate.min_tau 5.0",
         "τ 1.338 live, 1.672 offline (reference engine, held-out prompts); speedup 0.38x live, 0.41x offline",
-        "draft: file:///s/artifacts/export/e1/sglang (SGLang), file:///s/artifacts/export/e1/vllm (vLLM)"]
+        "draft: /s/artifacts/export/e1/sglang (SGLang), /s/artifacts/export/e1/vllm (vLLM)"]   # pasted as paths
+    # the UI's run header and `--watch`'s last line: one short line, the launch command left to the log
+    long = run_result(records, decision, export_uri="file:///s/artifacts/export/e1", launch="python -m " + "x" * 400,
+                      launch_file="/s/launch/e1-sglang.sh")
+    assert result_lines(long)[-1] == "serve it: sh /s/launch/e1-sglang.sh"
+    assert state_message({**long, "report": "http://127.0.0.1:4200/artifacts/artifact/a1"}) == (
+        "reject: live τ 1.338 < gate.min_tau 5.0 | τ 1.338 live, 1.672 offline | draft /s/artifacts/export/e1/sglang"
+        " | report http://127.0.0.1:4200/artifacts/artifact/a1")
     zero = {"verdict": "zero-acceptance", "reasons": ["live τ 1.000 ≤ 1.1"], "candidate": {"tau": 1.0},
             "diagnosis": [{"id": "F1", "status": "fail"}, {"id": "F2", "status": "pass"}],
             "fix": {"how": "restart with --speculative-algorithm EAGLE3"}}
     lines = result_lines(run_result({}, zero, export_uri="s3://b/artifacts/export/e2"))
-    assert lines[1].startswith("τ 1.000 live, n/a offline") and "speedup n/a live" in lines[1]
+    assert lines[1] == "diagnosis: the doctor names F1: the checkpoint or the server is wrong, not the training — " \
+                       "fix F1 first"
+    assert lines[2].startswith("τ 1.000 live, n/a offline") and "speedup n/a live" in lines[2]
     assert lines[-1] == ("doctor: F1 failing (docs/FAILURES.md); fix: restart with --speculative-algorithm EAGLE3")
+
+
+def test_zero_acceptance_reads_offline_against_live_and_the_doctor_as_a_diagnosis():
+    """The 32-prompt upload's run: offline ≈ live, every check passing — too little data, said with the numbers;
+    a good draft served wrong — the serving; a failing row — that row."""
+    from flows.ui import run_result
+
+    records = {"verify": {"metrics": {"tau": 1.0811}}, "datagen": {"metrics": {"ok": 32, "answers_needed": 327}}}
+    zero = {"verdict": "zero-acceptance", "reasons": ["live τ 1.077 ≤ 1.1"], "candidate": {"tau": 1.077},
+            "diagnosis": [{"id": "F1", "status": "pass"}, {"id": "F2", "status": "pass"}], "fix": None}
+    assert run_result(records, zero, export_uri="u")["diagnosis"] == (
+        "offline τ 1.08 ≈ live τ 1.08 and every doctor check passes: the serving is right, the draft learned too "
+        "little from 32 answers (its config needs ~327) — add data (more prompts, datagen.samples_per_prompt) or "
+        "train longer (train.epochs)")
+    served_wrong = {**zero, "candidate": {"tau": 1.0}}
+    assert "the draft is good and the serving loses it (F9)" in run_result(
+        {"verify": {"metrics": {"tau": 1.45}}}, served_wrong, export_uri="u")["diagnosis"]
+    assert run_result(records, {**zero, "verdict": "reject"}, export_uri="u")["diagnosis"] is None
 
 
 def test_production_pointing_at_a_missing_export_is_named_and_not_trusted(world, caplog):

@@ -8,6 +8,7 @@ import os
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -421,6 +422,24 @@ def test_the_printed_command_names_the_draft_and_target_by_absolute_path(tmp_pat
     out, err = capsys.readouterr()
     assert rc == 0, err
     argv = shlex.split(out.strip())
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == str(world["draft_dir"])
+    assert argv[argv.index("--model-path") + 1] == str(world["target_dir"])
+
+
+def test_from_any_directory_the_default_config_and_a_printed_file_uri_serve(tmp_path):
+    """`eaglenest serve --draft file:///…/sglang --print-command` typed in another folder: the default config
+    (configs/tiny.yaml) is the shipped one, and the draft's `file://` URI as a run printed it is its directory."""
+    from tests.builders import bigram_world
+
+    world = bigram_world(tmp_path, free_port())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "--draft", f"file://{world['draft_dir']}",
+                          "--print-command"], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(repo)})
+    assert out.returncode == 0, out.stderr
+    argv = shlex.split(out.stdout.strip())
     assert argv[argv.index("--speculative-draft-model-path") + 1] == str(world["draft_dir"])
     assert argv[argv.index("--model-path") + 1] == str(world["target_dir"])
 

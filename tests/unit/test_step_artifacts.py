@@ -38,7 +38,7 @@ def test_a_step_run_publishes_its_metrics_plot_and_curves_and_a_keyed_progress_b
 
     @flow
     def a_step() -> list[str]:
-        listener = ui.ProgressArtifacts("train", log=logged.append)
+        listener = ui.ProgressArtifacts("train", "tiny", log=logged.append)
         with progress.listening(listener):
             with progress.bar(total=4, desc="train", unit="step", disable=True) as bar:
                 for _ in range(4):
@@ -48,17 +48,17 @@ def test_a_step_run_publishes_its_metrics_plot_and_curves_and_a_keyed_progress_b
 
     keys = a_step()
     found = artifacts()
-    assert keys == ["eagle3-train-metrics-tiny", "eagle3-train-plot-tiny", "eagle3-train-curves-tiny"]
+    assert keys == ["eagle3-tiny-05-train-metrics", "eagle3-tiny-05-train-plot", "eagle3-tiny-05-train-curves"]
     assert set(keys) <= set(found)
-    table = found["eagle3-train-metrics-tiny"]
+    table = found["eagle3-tiny-05-train-metrics"]
     data = str(table.data)
     assert "final_loss" in data and "2.346" in data and "2.3457" not in data, data
     assert "acc" not in str(table.data), "lists stay in the manifest; the table shows scalars"
-    assert base64.b64encode(PNG).decode() in found["eagle3-train-plot-tiny"].data
-    curves = found["eagle3-train-curves-tiny"].data
+    assert base64.b64encode(PNG).decode() in found["eagle3-tiny-05-train-plot"].data
+    curves = found["eagle3-tiny-05-train-curves"].data
     assert "loss: 5.000 → 3.000" in curves and "τ_sim (simulated acceptance length): 1.200 → 1.400" in curves
     assert curves.count("data:image/svg+xml;base64,") == 2
-    bar = found["eagle3-progress-train"]
+    bar = found["eagle3-tiny-05-train-progress"]
     assert bar.type == "progress" and float(bar.data) == 100.0
     assert "ETA" in bar.description and "loss 2.346" in bar.description and "█" in bar.description
     assert logged and logged[-1].startswith("train: 4/4 step (100%)"), logged
@@ -68,7 +68,7 @@ def test_a_real_step_flow_names_its_metrics_artifact_after_the_step_and_config(s
     record = target_flow(config="configs/tiny.yaml", store=f"file://{tmp_path}/store")
     found = artifacts()
     assert record["kind"] == "target"
-    table = found["eagle3-target-metrics-tiny"]
+    table = found["eagle3-tiny-01-target-metrics"]
     assert record["id"] in table.description and "seconds" in str(table.data)
 
 

@@ -67,3 +67,23 @@ def test_the_next_step_process_is_started_ahead_and_the_last_step_leaves_none(wo
                          log=lambda line: None, on_progress=lambda u: None)
     assert spare.poll() is not None and sp._spare is None
     assert sp.LAST_STEP == "gate"
+
+
+def test_prefects_own_sigterm_handler_is_left_in_place_so_a_cancel_is_a_cancel():
+    """Prefect acknowledges a cancel only while its SIGTERM handler is installed (else the run and its step end
+    Crashed): with any handler there, the step process forwards SIGHUP only and stops its child when the handler
+    raises; with none, it forwards SIGTERM too."""
+    import signal
+
+    from flows.step_process import signals_to_forward
+
+    def raising(signum, frame):
+        raise RuntimeError("TerminationSignal")
+
+    before = signal.signal(signal.SIGTERM, raising)
+    try:
+        assert signals_to_forward() == (signal.SIGHUP,)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        assert signals_to_forward() == (signal.SIGTERM, signal.SIGHUP)
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -200,10 +200,16 @@ def test_s3_uri_gives_bucket_prefix_and_endpoint(monkeypatch: pytest.MonkeyPatch
     assert store.artifact_uri("draft", "abc") == "s3://my-bucket/runs/a/artifacts/draft/abc"
 
 
-@pytest.mark.parametrize("uri, fragment", [("http://host/x", "expected file://PATH or s3://BUCKET/PREFIX"),
+def test_a_plain_folder_path_is_a_file_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """What the store prints (`/abs/store`, or the folder of a `file://` URI) is accepted back as --store."""
+    monkeypatch.chdir(tmp_path)
+    assert open_store("rel/store", cache_dir=tmp_path / "c").uri == f"file://{(tmp_path / 'rel/store').resolve()}"
+    assert open_store(str(tmp_path / "abs"), cache_dir=tmp_path / "c").backend.root == tmp_path / "abs"
+
+
+@pytest.mark.parametrize("uri, fragment", [("http://host/x", "expected file://PATH, a folder path or s3://"),
                                            ("s3:///no-bucket", "needs a bucket"),
-                                           ("file://", "needs a folder"),
-                                           ("out/store", "expected file://PATH")])
+                                           ("file://", "needs a folder")])
 def test_bad_store_uris_are_refused(uri: str, fragment: str, tmp_path: Path):
     with pytest.raises(ValueError, match=fragment):
         open_store(uri, cache_dir=tmp_path)
@@ -254,11 +260,14 @@ def test_cache_over_many_admissions_never_exceeds_budget(tmp_path: Path):
     assert cache.peak_bytes <= 10_000 and cache.peak_bytes >= max(sizes)
 
 
-def test_store_uri_precedence_is_explicit_then_env_then_config(monkeypatch):
+def test_store_uri_precedence_is_explicit_then_env_then_config(monkeypatch, tmp_path):
     from steps.lib.store import store_uri_for
 
     monkeypatch.delenv("EAGLENEST_STORE", raising=False)
-    assert store_uri_for(None, "file://out/store") == "file://out/store"
+    monkeypatch.setenv("EAGLENEST_HOME", str(tmp_path))
+    # a config's relative store is under EAGLENEST_HOME, wherever the command runs
+    assert store_uri_for(None, "file://out/store") == f"file://{tmp_path.resolve()}/out/store"
+    assert store_uri_for(None, "s3://bucket/p") == "s3://bucket/p"
     monkeypatch.setenv("EAGLENEST_STORE", "s3://worker/prefix")
     assert store_uri_for(None, "file://out/store") == "s3://worker/prefix"
     assert store_uri_for("file:///explicit", "file://out/store") == "file:///explicit"

@@ -98,18 +98,42 @@ def dropped_prefix(key: str, engine: str) -> str | None:
     return None
 
 
+def renames_for(keys: list[str], engine: str) -> list[tuple[str, str]] | None:
+    """The prefix renames (OLD, NEW) that give every key one of the engine's exact names (`decoder.` →
+    `midlayer.`, `draft_model.` → ``), for `eaglenest convert --rename`; None when some key has none."""
+    exact = set(KEY_MAPS[engine].values())
+    layer = KEY_MAPS[engine]["midlayer.self_attn.q_proj.weight"].removesuffix("self_attn.q_proj.weight")
+    renames: list[tuple[str, str]] = []
+    for key in keys:
+        parts = key.split(".")
+        found = next(((".".join(parts[:i]) + ".", new) for i in range(1, len(parts)) for new in ("", layer)
+                      if new + ".".join(parts[i:]) in exact), None)
+        if found is None:
+            return None
+        if found not in renames:
+            renames.append(found)
+    return renames
+
+
 def check_keys(tensors: dict[str, tuple[tuple[int, ...], str]], engine: str, shape: DraftConfig | None, *,
-               where: str) -> Finding:
-    """F2 on any checkpoint, by the engine's own loader rules: one finding naming every dropped or missing key."""
+               where: str, convert: str | None = None) -> Finding:
+    """F2 on any checkpoint, by the engine's own loader rules: one finding naming every dropped or missing key.
+    `convert`: the `eaglenest convert SRC DST --to ENGINE` command that rewrites this directory; the fix for
+    dropped keys is then that command with the renames that map them."""
     r = key_report(tensors, engine, shape, exact=False)
     problems, fixes = [], []
     if r.unknown:
         prefixes = sorted({p for p in (dropped_prefix(k, engine) for k in r.unknown) if p})
+        renames = renames_for(r.unknown, engine)
         problems.append(f"{len(r.unknown)} key(s) the {engine} loader drops without a word: {r.unknown[:4]}"
                         + (f"; they carry the prefix {prefixes} that the loader does not strip" if prefixes else ""))
-        fixes.append(f"rename the keys without {prefixes} (the layer is `midlayer.*` or `layers.0.*`, optionally "
-                     "`model.`-prefixed)" if prefixes else
-                     "remove or rename keys that are not EAGLE-3 draft parameters (steps/lib/formats/ KEY_MAPS)")
+        if convert and renames:
+            args = " ".join(f"--rename {old}={new}" for old, new in renames)
+            fixes.append(f"rename them ({', '.join(f'{o}* → {n}*' for o, n in renames)}): `{convert} {args}`")
+        else:
+            fixes.append(f"rename the keys without {prefixes} (the layer is `midlayer.*` or `layers.0.*`, optionally "
+                         "`model.`-prefixed)" if prefixes else
+                         "remove or rename keys that are not EAGLE-3 draft parameters (steps/lib/formats/ KEY_MAPS)")
     if r.missing:
         problems.append(f"never set, so the served draft keeps random weights there: {r.missing}")
     problems += [f"{k} has shape {list(got)}, config.json implies {list(want)}" for k, got, want in r.shapes]

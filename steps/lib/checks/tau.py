@@ -53,3 +53,30 @@ def compare_tau(offline: float | None, live: float | None, earlier: list[Finding
                        f"even offline{rows}", fix)
     return Finding("F9", "warn", "", f"live τ {live:.3f} < {LIVE_OFFLINE_RATIO} × offline τ {offline:.3f}: "
                    "acceptance quietly lower", "check F4 (captured layers) and the serving flags")
+
+
+#: offline and live τ this close measure the same draft the same way: the serving adds nothing wrong
+SAME_TAU = 0.1
+
+
+def read_no_acceptance(live: float | None, offline: float | None, failing: list[str], *,
+                       answers: int | None = None, needed: int | None = None) -> str:
+    """A zero-acceptance verdict read as a diagnosis: what offline against live τ and the doctor's rows say
+    together (`failing`: the rows that failed; `answers`/`needed`: the data the draft learned from and what its
+    config needs, steps/lib/data/size.py)."""
+    if failing:
+        rows = ", ".join(failing)
+        return f"the doctor names {rows}: the checkpoint or the server is wrong, not the training — fix {rows} first"
+    if live is None:
+        return "the server reported no speculative decoding counters: it ran without the draft (check its flags)"
+    if offline is None:
+        return (f"live τ {live:.2f} and offline τ not measured: serving and training cannot be told apart — "
+                "run verify on the export")
+    if offline > ZERO_ACCEPTANCE_TAU and offline - live > SAME_TAU:
+        return (f"offline τ {offline:.2f} but live τ {live:.2f}, and no doctor row fails: the draft is good and the "
+                "serving loses it (F9) — compare the server's command with `eaglenest serve --print-command`")
+    same = "≈" if abs(offline - live) <= SAME_TAU else "and"
+    data = f" from {answers} answers (its config needs ~{needed})" if answers is not None and needed else ""
+    return (f"offline τ {offline:.2f} {same} live τ {live:.2f} and every doctor check passes: the serving is right, "
+            f"the draft learned too little{data} — add data (more prompts, datagen.samples_per_prompt) or train "
+            "longer (train.epochs)")

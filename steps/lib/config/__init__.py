@@ -22,6 +22,7 @@ from steps.lib.config.load import (
     load_config,
     parse_config,
     section_hash,
+    shipped_configs,
 )
 from steps.lib.config.schema import (
     SIZE_UNITS,
@@ -81,4 +82,5 @@ __all__ = [
     "resolve_draft_vocab_size",
     "resolve_max_position_embeddings",
     "section_hash",
+    "shipped_configs",
 ]

@@ -77,7 +77,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Pipelin
     """Read, override and validate a YAML config; errors name the file and the field."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found (configs/ holds the shipped ones)")
+        raise ConfigError(f"{path}: config file not found (shipped, by name: {', '.join(shipped_configs())})")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -100,9 +100,18 @@ def section_hash(section: BaseModel | dict[str, Any]) -> str:
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "configs"
 
 
+def shipped_configs() -> list[str]:
+    """The names of the configs in configs/ (`tiny`, `smollm2-135m`, ...)."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+
+
 def find_config(name_or_path: str) -> Path:
-    """`tiny` → configs/tiny.yaml; a path is returned as is."""
+    """`tiny` → configs/tiny.yaml (the shipped ones, from any working directory); a path is returned as is,
+    except a relative `configs/<name>.yaml` that is not here: the shipped one of that name."""
     p = Path(name_or_path)
+    shipped = CONFIGS_DIR.parent / p
+    if not p.exists() and not p.is_absolute() and p.parent == Path("configs") and shipped.is_file():
+        return shipped
     if p.suffix in (".yaml", ".yml") or p.exists():
         return p
     return CONFIGS_DIR / f"{name_or_path}.yaml"

@@ -39,6 +39,7 @@ from steps.lib.config import DatagenConfig, DatasetConfig, InputError, PipelineC
 from steps.lib.data.chat import chat_token_ids
 from steps.lib.data.decontaminate import NgramIndex, decontaminate
 from steps.lib.data.topics import load_pydoc, load_topics
+from steps.lib.home import local_path
 from steps.lib.store import content_sha256, open_store
 
 #: data files inside the installed packages (located with find_spec; the packages are not imported).
@@ -358,17 +359,26 @@ BUILTIN = {"sharegpt": load_sharegpt, "humaneval": load_humaneval, "stdlib": loa
            "topics": load_topics, "pydoc": load_pydoc}
 
 
+def split_dataset_uri(uri: str) -> tuple[str, str]:
+    """(store root, object key) of an uploaded dataset's URI: `<store>/datasets/[<pipeline>/]<name>/<file>`,
+    as `eaglenest dataset upload` prints it; InputError for any other URI."""
+    head, sep, tail = uri.rpartition("/datasets/")
+    parts = tail.split("/")
+    if not sep or "://" not in head or len(parts) not in (2, 3) or not all(parts):
+        raise InputError(f"{uri}: a dataset URI must name an object <store>/datasets/[<pipeline>/]<name>/<file> "
+                         "(dataset.sources[].path); upload one with `eaglenest dataset upload FILE --name NAME`")
+    return head, f"datasets/{tail}"
+
+
 def dataset_file(path: str) -> Path:
     """A local path for a `file` source: a plain path as given; a store URI of an uploaded dataset
-    (`<store>/datasets/<name>/<file>`, as `eaglenest dataset upload` prints) fetched through the
-    store into its cache."""
+    (`split_dataset_uri`) fetched through the store into its cache."""
     if "://" not in path:
         return Path(path)
-    root, top, name, file_name = ([""] * 4 + path.rsplit("/", 3))[-4:]
-    if top != "datasets" or not root or not name or not file_name:
-        raise InputError(f"{path}: a dataset URI must name an object <store>/datasets/<name>/<file> "
-                         "(dataset.sources[].path); upload one with `eaglenest dataset upload FILE --name NAME`")
-    return open_store(root).fetch_object(f"datasets/{name}/{file_name}")
+    if path.startswith("file://") and "/datasets/" not in path:   # a local file as a URI, as paths are printed
+        return local_path(path)
+    root, key = split_dataset_uri(path)
+    return open_store(root).fetch_object(key)
 
 
 def load_source(src: PromptSource, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> list[dict[str, Any]]:

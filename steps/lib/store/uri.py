@@ -8,14 +8,19 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+from steps.lib.home import home_store_uri
 from steps.lib.store.backends import FileBackend, S3Backend
 from steps.lib.store.store import Store
+
+#: the store of a command told none (under EAGLENEST_HOME)
+DEFAULT_STORE = "file://out/store"
 
 
 def store_uri_for(explicit: str | None, configured: str) -> str:
     """The store a run uses: an explicit URI, else $EAGLENEST_STORE (set by workers and containers), else
-    the config's `store`. One rule for every CLI, flow and worker."""
-    return explicit or os.environ.get("EAGLENEST_STORE") or configured
+    the config's `store` (a relative folder there is under EAGLENEST_HOME, `steps/lib/home.py`). One rule for
+    every CLI, flow and worker."""
+    return explicit or os.environ.get("EAGLENEST_STORE") or home_store_uri(configured)
 
 
 def default_cache_dir(store_key: str) -> Path:
@@ -29,9 +34,12 @@ def default_cache_dir(store_key: str) -> Path:
 
 def open_store(uri: str | None = None, *, cache_dir: str | Path | None = None,
                endpoint_url: str | None = None) -> Store:
-    """`file://path` (relative or absolute) or `s3://bucket/prefix`; env EAGLENEST_STORE as default."""
-    uri = uri or os.environ.get("EAGLENEST_STORE") or "file://out/store"
+    """`file://path` (relative or absolute), a plain folder path, or `s3://bucket/prefix`; env EAGLENEST_STORE as
+    default."""
+    uri = uri or os.environ.get("EAGLENEST_STORE") or home_store_uri(DEFAULT_STORE)
     explicit_cache = cache_dir or os.environ.get("EAGLENEST_CACHE")
+    if "://" not in uri:            # a plain folder path, as the store's own paths are printed
+        uri = f"file://{Path(uri).expanduser().resolve()}"
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         # file://out/store parses as host "out" + path "/store": a relative folder. file://localhost/x
@@ -50,4 +58,4 @@ def open_store(uri: str | None = None, *, cache_dir: str | Path | None = None,
         endpoint = endpoint_url or os.environ.get("EAGLENEST_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
         return Store(uri.rstrip("/"), S3Backend(parsed.netloc, parsed.path, endpoint),
                      Path(explicit_cache or default_cache_dir(f"{endpoint or ''}|{uri.rstrip('/')}")))
-    raise ValueError(f"store URI {uri!r}: expected file://PATH or s3://BUCKET/PREFIX")
+    raise ValueError(f"store URI {uri!r}: expected file://PATH, a folder path or s3://BUCKET/PREFIX")
