@@ -35,10 +35,11 @@ from typing import Any
 from steps.lib.artifacts import load_tokenizer
 from steps.lib.config import BenchmarkConfig, PipelineConfig, config_dict
 from steps.lib.data.prompts import chat_token_ids, held_out_prompts, load_humaneval
-from steps.lib.http import get_json, json_stream, post_json
+from steps.lib.http import get_json, json_stream
 from steps.lib.metrics import AcceptStats, acceptance_length_from_requests
 from steps.lib.runtime.processes import forwarding_signals
 from steps.lib.serving import start as serving
+from steps.lib.serving.client import generate_all, request_stats
 from steps.lib.store import Manifest, Store, artifact_id, utc_now
 from steps.registry import step_main
 
@@ -66,13 +67,6 @@ def pinned_prompts(cfg: PipelineConfig, settings: BenchmarkConfig, tokenizer: An
 
 # --- the client ----------------------------------------------------------------------------------------
 
-def generate(base_url: str, input_ids: list[int], *, max_new_tokens: int, temperature: float,
-             ignore_eos: bool) -> dict[str, Any]:
-    """One SGLang-native /generate request -> its response (text, output_ids, meta_info)."""
-    return post_json(f"{base_url}/generate", {"input_ids": input_ids, "sampling_params": {
-        "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos}})
-
-
 def stream_completion(base_url: str, prompt: str, *, max_tokens: int, temperature: float) -> dict[str, Any]:
     """One streamed /v1/completions request: time to first text chunk and the gaps between chunks."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True}
@@ -95,13 +89,10 @@ def stream_completion(base_url: str, prompt: str, *, max_tokens: int, temperatur
 def run_load(base_url: str, prompts: list[dict[str, Any]], *, batch: int, settings: BenchmarkConfig,
              temperature: float) -> dict[str, Any]:
     """Every prompt through /generate, `batch` requests in flight at a time -> tokens/s and meta_infos."""
-    def one(p: dict[str, Any]) -> dict[str, Any]:
-        return generate(base_url, p["input_ids"], max_new_tokens=settings.max_new_tokens, temperature=temperature,
-                        ignore_eos=settings.ignore_eos)
-
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=batch) as pool:
-        responses = list(pool.map(one, prompts))
+    responses = generate_all(base_url, [p["input_ids"] for p in prompts], concurrency=batch,
+                             max_new_tokens=settings.max_new_tokens, temperature=temperature,
+                             ignore_eos=settings.ignore_eos)
     wall_s = time.perf_counter() - t0
     metas = [r["meta_info"] for r in responses]
     tokens = sum(int(m["completion_tokens"]) for m in metas)
@@ -115,11 +106,10 @@ def acceptance(metas: list[dict[str, Any]], num_steps: int) -> dict[str, Any] | 
     spec = [m for m in metas if int(m.get("spec_verify_ct", 0)) > 0]
     if not spec:
         return None
-    width = max(num_steps + 1, *(len(m["spec_correct_drafts_histogram"]) for m in spec))
-    total = AcceptStats(width - 1)
-    for m in spec:
-        total.merge(AcceptStats(width - 1, [*m["spec_correct_drafts_histogram"],
-                                            *[0] * (width - len(m["spec_correct_drafts_histogram"]))]))
+    stats = [request_stats(m, num_steps) for m in spec]
+    total = AcceptStats(max(s.num_steps for s in stats))
+    for s in stats:
+        total.merge(s)
     return {"tau": acceptance_length_from_requests(spec), "per_position_acceptance": total.per_position,
             "accept_histogram": total.histogram, "verify_steps": total.verify_steps,
             "accepted_drafts": total.accepted_drafts}
@@ -292,7 +282,9 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, ba
     `attempt` > 1 asks for a new measurement of the same export (after the gate relaunched serving).
     """
     settings = settings_for(cfg)
-    section = {"benchmark": config_dict(settings), "serve": config_dict(cfg.serve), "verify": config_dict(cfg.verify),
+    # verify's section for its prompt selection; where verify decodes (verify.engine) is not benchmark's
+    verify_section = {k: v for k, v in config_dict(cfg.verify).items() if k != "engine"}
+    section = {"benchmark": config_dict(settings), "serve": config_dict(cfg.serve), "verify": verify_section,
                **({"attempt": attempt} if attempt > 1 else {})}
     if spec_url or baseline_url:   # a server run by someone else may change under the same URL: always measure
         section["external"] = {"spec_url": spec_url, "baseline_url": baseline_url, "measured": utc_now()}

@@ -11,6 +11,10 @@ chat template, greedy, `verify.max_new_tokens`, chain of `serve.num_steps` draft
 `verify.turns: 2` adds the second turns after the target's own first answers; `verify.chain_lengths` measures
 several k (the served one is the headline, every one under `by_chain_length`); `verify.batch_size` decodes
 prompts together (`steps.lib.model.batched_engine`); each τ has a seeded 95% bootstrap `tau_interval`.
+`verify.engine: server` (a target that does not fit one device) loads neither target nor draft here: the same
+prompts are decoded by the `serve.engine` server started from the export (SGLang with the derived EAGLE3 flags,
+or the reference server), plain on the baseline, then speculatively, one server at a time
+(`steps.lib.serving.offline`); accept counts come from each request's meta_info, the record is the same.
 Writes: a `verify` artifact with `report.json` (per prompt: tokens, accept histogram, timings) and
 metrics τ, per-position acceptance, accept histogram, tokens/s speculative vs plain, speedup.
 Speculative output must equal plain greedy output for every prompt; any mismatch fails the step.
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from steps.lib.artifacts import export_dir, inference_device, load_target
+from steps.lib.artifacts import export_dir, inference_device, load_target, load_tokenizer, target_dir
 from steps.lib.config import PipelineConfig, VerifyConfig, config_dict
 from steps.lib.data.prompts import held_out_prompts, in_distribution_prompts, second_turn_prompts
 from steps.lib.formats.sglang import sglang_layer_ids
@@ -36,6 +42,7 @@ from steps.lib.metrics import AcceptStats, tau_interval
 from steps.lib.model.batched_engine import BatchedEngine
 from steps.lib.model.decode import decode
 from steps.lib.model.reference_engine import Engine
+from steps.lib.serving import offline
 from steps.lib.store import Manifest, Store, artifact_id
 from steps.registry import step_main
 
@@ -46,8 +53,12 @@ class VerifyError(RuntimeError):
     """Speculative decoding changed the output: the engine or the draft wiring is wrong."""
 
 
+#: a held-out prompt: (id, chat-templated token ids).
+Prompt = tuple[str, list[int]]
 #: one decoded prompt: (new tokens, cut after the first eos as the engine cuts them; seconds it took)
 Output = tuple[list[int], float]
+#: one speculatively decoded prompt: (new tokens, its accept counts, seconds it took)
+SpecOutput = tuple[list[int], AcceptStats, float]
 
 
 def plain_outputs(engine: Engine, prompts: list[tuple[str, list[int]]], max_new_tokens: int, eos: int | None, *,
@@ -84,26 +95,69 @@ def spec_outputs(engine: Engine, prompts: list[tuple[str, list[int]]], max_new_t
     return out
 
 
-def measure(engine: Engine, prompts: list[tuple[str, list[int]]], max_new_tokens: int, eos: Any, *,
+@dataclass
+class Decoding:
+    """How verify decodes held-out prompts: in this process (`local_decoding`) or through served engines
+    (`served_decoding`, verify.engine: server). Every record and figure is computed from these by one code."""
+    num_steps: int                                                  # the served chain length k
+    plain: Callable[[list[Prompt]], list[Output]]
+    spec: Callable[[list[Prompt], int], list[SpecOutput]]           # (prompts, k)
+    gap: Callable[[list[int], int, int], float]                     # (context, plain token, spec token)
+
+
+def local_decoding(engine: Engine, max_new_tokens: int, eos: Any, *, batch_size: int = 1) -> Decoding:
+    """The target and draft loaded here: the reference engine (at any chain length) and its float32 gaps."""
+    def spec(prompts: list[Prompt], k: int) -> list[SpecOutput]:
+        at_k = engine if k == engine.k else Engine(engine.target, engine.tokenizer, engine.draft,
+                                                   layer_ids=engine.layer_ids, num_steps=k, algorithm=engine.algorithm)
+        return spec_outputs(at_k, prompts, max_new_tokens, eos, batch_size=batch_size)
+
+    def plain(prompts: list[Prompt]) -> list[Output]:
+        return plain_outputs(engine, prompts, max_new_tokens, eos, batch_size=batch_size)
+
+    return Decoding(engine.k, plain, spec, lambda context, a, b: logit_gap(engine, context, a, b))
+
+
+def measure(engine: Engine, prompts: list[Prompt], max_new_tokens: int, eos: Any, *,
             batch_size: int = 1, tie_tolerance: float = 0.0, plain: list[Output] | None = None
             ) -> tuple[AcceptStats, list[dict[str, Any]]]:
-    """Run every prompt speculatively and plainly (`plain` when already decoded); per-prompt records with
-    timings and equality. A first difference whose logit gap is within `tie_tolerance` is a near tie."""
-    plain = plain_outputs(engine, prompts, max_new_tokens, eos, batch_size=batch_size) if plain is None else plain
-    total, rows = AcceptStats(engine.k), []
-    for (pid, ids), (spec, stats, spec_s), (ref, plain_s) in zip(
-            prompts, spec_outputs(engine, prompts, max_new_tokens, eos, batch_size=batch_size), plain, strict=True):
+    """`compare` with the engine loaded here."""
+    return compare(local_decoding(engine, max_new_tokens, eos, batch_size=batch_size), prompts, engine.k,
+                   tie_tolerance=tie_tolerance, plain=plain)
+
+
+def compare(decoding: Decoding, prompts: list[Prompt], k: int, *, tie_tolerance: float = 0.0,
+            plain: list[Output] | None = None) -> tuple[AcceptStats, list[dict[str, Any]]]:
+    """Run every prompt speculatively at chain length k and plainly (`plain` when already decoded); per-prompt
+    records with timings and equality. A first difference whose logit gap is within `tie_tolerance` is a near tie."""
+    plain = decoding.plain(prompts) if plain is None else plain
+    total, rows = AcceptStats(k), []
+    for (pid, ids), (spec, stats, spec_s), (ref, plain_s) in zip(prompts, decoding.spec(prompts, k), plain,
+                                                                 strict=True):
         total.merge(stats)
-        first_diff = next((i for i, (a, b) in enumerate(zip(spec, ref, strict=False)) if a != b),
-                          None if len(spec) == len(ref) else min(len(spec), len(ref)))
-        row = {"id": pid, "num_steps": engine.k, "prompt_tokens": len(ids), "tokens": len(spec), "spec_s": spec_s,
+        first_diff = first_difference(spec, ref)
+        row = {"id": pid, "num_steps": k, "prompt_tokens": len(ids), "tokens": len(spec), "spec_s": spec_s,
                "plain_s": plain_s, "accept_histogram": stats.histogram, "tau": stats.tau,
                "match": first_diff is None, "first_diff": first_diff}
-        if first_diff is not None and first_diff < min(len(spec), len(ref)):
-            gap = logit_gap(engine, ids + ref[:first_diff], ref[first_diff], spec[first_diff])
+        if (key := differing_tokens(ids, spec, ref)) is not None:
+            gap = decoding.gap(list(key[0]), key[1], key[2])
             row |= {"logit_gap": gap, "near_tie": gap <= tie_tolerance, "match": gap <= tie_tolerance}
         rows.append(row)
     return total, rows
+
+
+def first_difference(spec: list[int], ref: list[int]) -> int | None:
+    """The first position where the speculative output leaves plain greedy's (one being longer counts)."""
+    return next((i for i, (a, b) in enumerate(zip(spec, ref, strict=False)) if a != b),
+                None if len(spec) == len(ref) else min(len(spec), len(ref)))
+
+
+def differing_tokens(ids: list[int], spec: list[int], ref: list[int]) -> tuple[tuple[int, ...], int, int] | None:
+    """(context, plain token, speculative token) at the first token the two outputs disagree on, if any."""
+    i = first_difference(spec, ref)
+    if i is None or i >= min(len(spec), len(ref)):
+        return None
+    return tuple(ids + ref[:i]), ref[i], spec[i]
 
 
 @torch.no_grad()
@@ -140,29 +194,33 @@ def verify_section(cfg: PipelineConfig) -> dict[str, Any]:
     id-neutral defaults (ids measured before they existed stay), with the served chain length."""
     section = {key: value for key, value in config_dict(cfg.verify).items() if key != "batch_size"
                and not (key in VerifyConfig.ID_NEUTRAL_DEFAULTS and value == VerifyConfig.ID_NEUTRAL_DEFAULTS[key])}
+    if cfg.verify.engine == "server":      # which engine served it, with which draft flags, is what was measured
+        section["served_by"] = {k: getattr(cfg.serve, k) for k in ("engine", "eagle_topk", "num_draft_tokens")}
     # the chain length is serve's (one field); in the id under its old name, so ids measured before stay
     return {**section, "num_steps": cfg.serve.num_steps}
 
 
-def measure_mtbench(cfg: PipelineConfig, engine: Engine, tokenizer: Any) -> tuple[dict[str, Any], list[dict]]:
+def second_turn(cfg: PipelineConfig, tokenizer: Any, first: list[Prompt], plain_first: list[Output]) -> list[Prompt]:
+    """The second turns, after the target's own plain greedy first answers as serving would have given them."""
+    answers = {pid: tokenizer.decode(out, skip_special_tokens=True)
+               for (pid, _), (out, _) in zip(first, plain_first, strict=True)}
+    return second_turn_prompts(cfg, tokenizer, answers)
+
+
+def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any) -> tuple[dict[str, Any], list[dict]]:
     """MT-bench τ at each chain length, over the first turns and (`verify.turns` 2) the second turns after the
     target's own first answers; the served k's figures are the headline, every k's under `by_chain_length`."""
-    v, eos = cfg.verify, tokenizer.eos_token_id
-    opts = {"batch_size": v.batch_size, "tie_tolerance": v.tie_tolerance}
+    v = cfg.verify
     first = held_out_prompts(cfg, tokenizer)
-    turns = [(1, first, plain_outputs(engine, first, v.max_new_tokens, eos, batch_size=v.batch_size))]
-    if v.turns == 2:    # the history is the target's own plain greedy answer, as serving would have given it
-        answers = {pid: tokenizer.decode(out, skip_special_tokens=True)
-                   for (pid, _), (out, _) in zip(first, turns[0][2], strict=True)}
-        second = second_turn_prompts(cfg, tokenizer, answers)
-        turns.append((2, second, plain_outputs(engine, second, v.max_new_tokens, eos, batch_size=v.batch_size)))
+    turns = [(1, first, decoding.plain(first))]
+    if v.turns == 2:
+        second = second_turn(cfg, tokenizer, first, turns[0][2])
+        turns.append((2, second, decoding.plain(second)))
     by_k, all_rows = {}, []
     for k in v.chain_lengths or [cfg.serve.num_steps]:
-        at_k = engine if k == engine.k else Engine(engine.target, tokenizer, engine.draft, layer_ids=engine.layer_ids,
-                                                   num_steps=k, algorithm=engine.algorithm)
         total, rows, per_turn = AcceptStats(k), [], {}
         for turn, prompts, plain in turns:
-            turn_total, turn_rows = measure(at_k, prompts, v.max_new_tokens, eos, plain=plain, **opts)
+            turn_total, turn_rows = compare(decoding, prompts, k, tie_tolerance=v.tie_tolerance, plain=plain)
             total.merge(turn_total)
             per_turn[f"tau_turn{turn}"] = turn_total.tau
             rows += [{**r, "turn": turn} for r in turn_rows]
@@ -172,6 +230,36 @@ def measure_mtbench(cfg: PipelineConfig, engine: Engine, tokenizer: Any) -> tupl
     if v.chain_lengths is not None:
         metrics["by_chain_length"] = {str(k): m for k, m in by_k.items()}
     return metrics, all_rows
+
+
+def served_decoding(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, tokenizer: Any,
+                    in_dist: list[Prompt]) -> tuple[Decoding, dict[str, Any]]:
+    """Every prompt verify measures, decoded through served engines before any figure is computed, one server
+    at a time: plain on the baseline server (the second turns built from its answers), speculative on the
+    draft's, and only where the two differ, the baseline's logit gaps. -> (the Decoding that reads them back,
+    the speculative server's /server_info)."""
+    v = cfg.verify
+    opts = {"max_new_tokens": v.max_new_tokens, "concurrency": v.batch_size}
+    first = held_out_prompts(cfg, tokenizer)
+    with offline.one_server(cfg, store, export_id, target_id, baseline=True) as (url, _):
+        plain = dict(zip([pid for pid, _ in first], offline.plain_outputs(url, [ids for _, ids in first], **opts),
+                         strict=True))
+        rest = (second_turn(cfg, tokenizer, first, [plain[pid] for pid, _ in first]) if v.turns == 2 else []) + in_dist
+        plain |= zip([pid for pid, _ in rest], offline.plain_outputs(url, [ids for _, ids in rest], **opts),
+                     strict=True)
+    prompts = first + rest
+    with offline.one_server(cfg, store, export_id, target_id, baseline=False) as (url, info):
+        spec = dict(zip([pid for pid, _ in prompts],
+                        offline.spec_outputs(url, [ids for _, ids in prompts], num_steps=cfg.serve.num_steps, **opts),
+                        strict=True))
+    wanted = [key for pid, ids in prompts if (key := differing_tokens(ids, spec[pid][0], plain[pid][0])) is not None]
+    gaps: dict[tuple, float] = {}
+    if wanted:       # a third start, only when some output differs: the gap tells a near tie from a wrong draft
+        with offline.one_server(cfg, store, export_id, target_id, baseline=True) as (url, _):
+            gaps = offline.logit_gaps(url, wanted)
+    return Decoding(cfg.serve.num_steps, plain=lambda ps: [plain[pid] for pid, _ in ps],
+                    spec=lambda ps, k: [spec[pid] for pid, _ in ps],
+                    gap=lambda context, a, b: gaps[(tuple(context), a, b)]), info
 
 
 def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Manifest:
@@ -187,15 +275,30 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
     if store.exists("verify", verify_id):
         return store.manifest("verify", verify_id)
     sglang_dir = export_dir(store, export_id, "sglang")       # a vLLM-only export: refused before any loading
-    target, tokenizer = load_target(store, target_id, device=inference_device())
-    draft, load_report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
-    served = sglang_layer_ids(sglang_dir, target_architecture(target.config.to_dict()))   # F4, as SGLang shifts
-    engine = Engine(target, tokenizer, draft, layer_ids=served, num_steps=cfg.serve.num_steps)
-    metrics, rows = measure_mtbench(cfg, engine, tokenizer)
+    v = cfg.verify
+    if v.engine == "server":      # the target stays in the serving engine; this process holds its tokenizer only
+        tokenizer = load_tokenizer(store, target_id)
+        in_prompts = in_distribution_prompts(cfg, tokenizer) if in_dist else []
+        decoding, info = served_decoding(cfg, store, export_id, target_id, tokenizer, in_prompts)
+        arch = target_architecture(json.loads((target_dir(store, target_id) / "config.json").read_text()))
+        load_report = info.get("draft_load_report")           # the reference server reports it; SGLang does not
+        loaded = load_report or {}
+        meta = {"layer_ids": sglang_layer_ids(sglang_dir, arch), "algorithm": info.get("speculative_algorithm"),
+                "dropped_keys": loaded.get("dropped"), "missing_params": loaded.get("missing"),
+                "engine": "server", "server": {"engine": cfg.serve.engine, "version": info.get("version")}}
+    else:
+        target, tokenizer = load_target(store, target_id, device=inference_device())
+        in_prompts = in_distribution_prompts(cfg, tokenizer) if in_dist else []
+        draft, report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
+        served = sglang_layer_ids(sglang_dir, target_architecture(target.config.to_dict()))   # F4, as SGLang shifts
+        engine = Engine(target, tokenizer, draft, layer_ids=served, num_steps=cfg.serve.num_steps)
+        decoding = local_decoding(engine, v.max_new_tokens, tokenizer.eos_token_id, batch_size=v.batch_size)
+        load_report = report.to_dict()
+        meta = {"layer_ids": engine.layer_ids, "algorithm": engine.algorithm, "dropped_keys": report.dropped,
+                "missing_params": report.missing}
+    metrics, rows = measure_mtbench(cfg, decoding, tokenizer)
     if in_dist:
-        v = cfg.verify
-        in_total, in_rows = measure(engine, in_distribution_prompts(cfg, tokenizer), v.max_new_tokens,
-                                    tokenizer.eos_token_id, batch_size=v.batch_size, tie_tolerance=v.tie_tolerance)
+        in_total, in_rows = compare(decoding, in_prompts, decoding.num_steps, tie_tolerance=v.tie_tolerance)
         metrics |= {"tau_in_distribution": in_total.tau,
                     "tau_interval_in_distribution": tau_interval([r["accept_histogram"] for r in in_rows],
                                                                  seed=cfg.seed, samples=v.bootstrap_samples),
@@ -203,17 +306,14 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
                     "prompts_in_distribution": len(in_rows)}
         rows += [{**r, "split": "in_distribution"} for r in in_rows]
     writer = store.begin("verify", verify_id, step=STEP, inputs=inputs, config=section)
-    writer.path("report.json").write_text(json.dumps({"prompts": rows, "load_report": load_report.to_dict()},
-                                                     indent=2))
+    writer.path("report.json").write_text(json.dumps({"prompts": rows, "load_report": load_report}, indent=2))
     bad = [r for r in rows if not r["match"]]
     if bad:   # the report stays in staging for inspection; no manifest, so no artifact
         raise VerifyError(f"verify of export {export_id}: speculative output differs from plain greedy for "
                           f"{len(bad)}/{len(rows)} prompts (first: {bad[0]['id']} at token {bad[0]['first_diff']}; "
                           f"see {writer.staging / 'report.json'}); greedy verification must be lossless — the "
                           "engine or the draft wiring is wrong")
-    return writer.commit(metrics=metrics, meta={"layer_ids": engine.layer_ids, "algorithm": engine.algorithm,
-                                                "dropped_keys": load_report.dropped,
-                                                "missing_params": load_report.missing})
+    return writer.commit(metrics=metrics, meta=meta)
 
 
 def _timed(fn: Any) -> Output:

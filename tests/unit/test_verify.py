@@ -251,3 +251,49 @@ def test_a_near_tie_within_the_tolerance_is_reported_not_failed(world):
     assert strict[0]["match"] is False and strict[0]["near_tie"] is False and gap > 0
     _, tolerant = verify.measure(engine, [("p", [5, 6, 7, 8])], 12, None, tie_tolerance=gap)
     assert tolerant[0]["match"] is True and tolerant[0]["near_tie"] is True
+
+
+def test_verify_through_the_reference_server_measures_the_in_process_tau(copying_world):
+    """verify.engine: server decodes through served engines (the reference server here, started from the
+    export one at a time) and must measure what the in-process engine measures, exactly: the reference engine
+    is float32 on both sides, so no tie tolerance is needed. Both turns cover the second-turn prompts built
+    from the baseline server's own answers."""
+    from steps.lib.checks.tau import compare_tau
+
+    w = copying_world
+    local = verify.run(with_verify(w["cfg"], turns=2), w["store"], w["export_id"], w["target_id"])
+    served_cfg = with_verify(w["cfg"], turns=2, engine="server")
+    m = verify.run(served_cfg, w["store"], w["export_id"], w["target_id"])
+    assert m.id != local.id and m.meta["engine"] == "server" and m.meta["server"]["engine"] == "reference"
+    for key in ("tau", "per_position_acceptance", "accept_histogram", "verify_steps", "accepted_drafts", "prompts",
+                "tokens", "mismatches", "near_ties", "tau_turn1", "tau_turn2", "tau_interval"):
+        assert m.metrics[key] == local.metrics[key], key
+    assert m.metrics["tau_turn1"] == pytest.approx(26 / 7) and m.metrics["prompts"] == 6
+    assert m.meta["layer_ids"] == local.meta["layer_ids"] and m.meta["dropped_keys"] == []
+    rows = {r["id"]: r for r in json.loads(w["store"].fetch_file("verify", m.id, "report.json").read_text())["prompts"]}
+    mine = json.loads(w["store"].fetch_file("verify", local.id, "report.json").read_text())["prompts"]
+    assert {r["id"]: r["accept_histogram"] for r in mine} == {i: r["accept_histogram"] for i, r in rows.items()}
+    assert compare_tau(m.metrics["tau"], m.metrics["tau"], []).status == "pass"     # F9 reads the same field
+
+
+def test_a_target_that_does_not_fit_one_device_is_told_to_verify_through_the_server(world):
+    data = world["cfg"].model_dump()
+    with pytest.raises(ValueError, match="set verify.engine: server"):
+        type(world["cfg"]).model_validate({**data, "target": {**data["target"], "tensor_parallel_size": 8}})
+    served = type(world["cfg"]).model_validate({**data, "target": {**data["target"], "tensor_parallel_size": 8},
+                                                "verify": {**data["verify"], "engine": "server"}})
+    assert verify.verify_section(served)["served_by"]["engine"] == served.serve.engine
+    assert "engine" not in verify.verify_section(world["cfg"])        # the default leaves existing ids as they were
+
+
+def test_the_served_logit_gap_is_the_in_process_one(copying_world):
+    """A near tie through a server is told by the baseline server's logprobs of both tokens (SGLang's
+    `token_ids_logprob`, which the reference server answers in SGLang's shape)."""
+    from steps.lib.serving import client, offline
+
+    w = copying_world
+    engine, tok = engine_of(w)
+    ids = held_out_prompts(w["cfg"], tok)[0][1]
+    with offline.one_server(w["cfg"], w["store"], w["export_id"], w["target_id"], baseline=True) as (url, _):
+        served = client.logit_gap(url, ids, 5, 9)
+    assert served == pytest.approx(verify.logit_gap(engine, ids, 5, 9), abs=1e-4) and served != 0.0

@@ -371,10 +371,14 @@ class VerifyConfig(Section):
     tie_tolerance: NonNegative = 0.0
     #: bootstrap resamplings of the prompts for each τ's 95% interval (`tau_interval`, seeded by `seed`).
     bootstrap_samples: Count = 1000
+    #: where the target decodes: `local` loads it in this process on one device; `server` measures through
+    #: the `serve.engine` server (SGLang with the derived EAGLE3 flags, or the reference server), one at a
+    #: time (plain, then speculative), for a target that does not fit one device (target.tensor_parallel_size > 1).
+    engine: Literal["local", "server"] = "local"
 
     #: fields whose default leaves the verify id as it was before they existed.
     ID_NEUTRAL_DEFAULTS: ClassVar[dict[str, object]] = {"turns": 1, "chain_lengths": None, "tie_tolerance": 0.0,
-                                                        "bootstrap_samples": 1000}
+                                                        "bootstrap_samples": 1000, "engine": "local"}
 
 
 class ServeConfig(Section):
@@ -455,6 +459,13 @@ class PipelineConfig(Section):
         if self.verify.chain_lengths is not None and self.serve.num_steps not in self.verify.chain_lengths:
             raise ValueError(f"verify.chain_lengths={self.verify.chain_lengths} must contain serve.num_steps="
                              f"{self.serve.num_steps}, the served chain length whose τ is the headline (F9)")
+        if self.verify.engine == "local" and t.tensor_parallel_size > 1:
+            raise ValueError(f"verify.engine=local loads the target on one device, but target.tensor_parallel_size="
+                             f"{t.tensor_parallel_size}; set verify.engine: server (offline τ through the "
+                             "serve.engine server, which holds the target over its GPUs)")
+        if self.verify.engine == "server" and self.verify.chain_lengths is not None:
+            raise ValueError(f"verify.chain_lengths={self.verify.chain_lengths} needs verify.engine: local (a "
+                             "server drafts one chain length, serve.num_steps); remove it")
         if self.datagen.backend == "openai" and any(s.kind == "synthetic" for s in self.dataset.sources):
             raise ValueError("dataset source kind=synthetic needs datagen.backend=local (the target writes "
                              "the prompts from its own chat template); remove the source or use backend: local")

@@ -63,7 +63,10 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self.path == "/generate":
                 prompts, batched = prompts_of(body, b.tokenizer)
-                outs = [b.generate(ids, body.get("sampling_params") or {}) for ids in prompts]
+                logprob_ids = body.get("token_ids_logprob") if body.get("return_logprob") else None
+                outs = [b.generate(ids, body.get("sampling_params") or {},
+                                   logprob_ids=None if logprob_ids is None else list(map(int, logprob_ids)))
+                        for ids in prompts]
                 return self.send_json(outs if batched else outs[0])
             if self.path == "/v1/completions":
                 return self.completions(body)

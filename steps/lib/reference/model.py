@@ -91,8 +91,10 @@ class ServedModel:
         if not input_ids:
             raise RequestError("input_ids is empty; send at least one token")
 
-    def generate(self, input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
-        """One /generate request -> SGLang's response object (text, output_ids, meta_info)."""
+    def generate(self, input_ids: list[int], params: dict[str, Any], *,
+                 logprob_ids: list[int] | None = None) -> dict[str, Any]:
+        """One /generate request -> SGLang's response object (text, output_ids, meta_info); `logprob_ids`
+        (SGLang's `token_ids_logprob`) adds those tokens' logprobs at every output position."""
         self.check_ids(input_ids)
         max_new, eos = sampling(params, self.eos)
         t0 = time.perf_counter()
@@ -102,7 +104,24 @@ class ServedModel:
                 self.total.merge(stats)
             else:
                 out, stats = self.engine.generate_plain(input_ids, max_new, eos), None
-        return self.response(input_ids, out, stats, time.perf_counter() - t0, eos)
+            logprobs = None if logprob_ids is None else self.token_logprobs(input_ids, out, logprob_ids)
+        response = self.response(input_ids, out, stats, time.perf_counter() - t0, eos)
+        if logprobs is not None:       # SGLang's shape: per output position, (logprob, token id, text)
+            response["meta_info"]["output_token_ids_logprobs"] = logprobs
+        return response
+
+    def token_logprobs(self, input_ids: list[int], out: list[int], token_ids: list[int]) -> list[list[list]]:
+        """The target's float32 logprobs of `token_ids` at each output position, from one plain forward."""
+        import torch
+
+        self.check_ids(list(token_ids))
+        if not out:
+            return []
+        with torch.no_grad():
+            ids = torch.tensor([input_ids + out[:-1]], device=self.engine.device)
+            logits = self.engine.target(input_ids=ids).logits[0, len(input_ids) - 1:].float()
+        logprobs = torch.log_softmax(logits, dim=-1)[:, list(token_ids)].tolist()
+        return [[[lp, t, None] for lp, t in zip(row, token_ids, strict=True)] for row in logprobs]
 
     def stream(self, input_ids: list[int], params: dict[str, Any]) -> Iterator[list[int]]:
         """The same generation, yielding the tokens of each target forward as it finishes (the caller checks
