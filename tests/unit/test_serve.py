@@ -56,7 +56,8 @@ def write_draft(tmp_path: Path, **overrides) -> Path:
 
 def pipeline_config(**target_and_serve) -> PipelineConfig:
     target = {"source": "tiny", **target_and_serve.pop("target", {})}
-    return parse_config({"name": "t", "target": target, "serve": target_and_serve.pop("serve", {})})
+    return parse_config({"name": "t", "target": target, "serve": target_and_serve.pop("serve", {}),
+                         "verify": target_and_serve.pop("verify", {})})
 
 
 def option(cmd: list[str], flag: str) -> str:
@@ -91,7 +92,8 @@ def test_command_keeps_the_draft_unquantized_under_a_quantized_target_and_passes
                         eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 15, 28], "use_aux_hidden_state": True})
     cfg = pipeline_config(target={"quantization": "fp8", "tensor_parallel_size": 8, "context_length": 131072,
                                   "trust_remote_code": True},
-                          serve={"host": "0.0.0.0", "port": 31000})
+                          serve={"host": "0.0.0.0", "port": 31000},
+                          verify={"engine": "server"})     # a TP=8 target does not fit verify's one device
     cmd = serving.build_sglang_command(cfg, target_path="/m", draft_dir=draft, port=31555)
     assert option(cmd, "--quantization") == "fp8"
     assert option(cmd, "--speculative-draft-model-quantization") == "unquant"
