@@ -36,38 +36,8 @@ class Backend(Protocol):
     def put_file_whole(self, key: str, local: Path) -> None: ...
     def sha256(self, key: str) -> str | None: ...
     def create_bytes(self, key: str, data: bytes) -> bool: ...
-    @contextmanager
-    def _if_holding(self, key: str, expect: bytes) -> Iterator[Path | None]:
-        """`key`'s path under its flock while it still holds `expect`, else None: the compare of the
-        compare-and-swap that `swap_bytes` and `set_aside` share, so a lease is taken over by one writer only."""
-        dst = self._p(key)
-        if not dst.parent.is_dir():
-            yield None
-            return
-        with open(dst.with_name(f".{dst.name}.lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield dst if dst.is_file() and dst.read_bytes() == expect else None
-
-    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool:
-        """Replace (or, with data None, delete) `key` only if it still holds `expect`."""
-        with self._if_holding(key, expect) as dst:
-            if dst is None:
-                return False
-            if data is None:
-                dst.unlink()
-            else:
-                self.put_bytes(key, data)
-            return True
-
-    def set_aside(self, key: str, expect: bytes, aside: str) -> bool:
-        """Rename `key` to `aside` only if it still holds `expect`: a compare-and-swap that writes no
-        data, for a full disk (a rename needs no free blocks)."""
-        with self._if_holding(key, expect) as dst:
-            if dst is None:
-                return False
-            os.replace(dst, self._p(aside))
-            return True
-
+    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool: ...
+    def set_aside(self, key: str, expect: bytes, aside: str) -> bool: ...
     def move_prefix(self, src: str, dst: str) -> bool: ...
 
 
@@ -156,15 +126,22 @@ class FileBackend:
         finally:
             tmp.unlink()
 
-    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool:
-        """Replace (or, with data None, delete) `key` only if it still holds `expect`: compare-and-swap
-        under an flock, so a lease is taken over by one writer only."""
+    @contextmanager
+    def _if_holding(self, key: str, expect: bytes) -> Iterator[Path | None]:
+        """`key`'s path under its flock while it still holds `expect`, else None: the compare of the
+        compare-and-swap that `swap_bytes` and `set_aside` share, so a lease is taken over by one writer only."""
         dst = self._p(key)
         if not dst.parent.is_dir():
-            return False
+            yield None
+            return
         with open(dst.with_name(f".{dst.name}.lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not dst.is_file() or dst.read_bytes() != expect:
+            yield dst if dst.is_file() and dst.read_bytes() == expect else None
+
+    def swap_bytes(self, key: str, data: bytes | None, expect: bytes) -> bool:
+        """Replace (or, with data None, delete) `key` only if it still holds `expect`."""
+        with self._if_holding(key, expect) as dst:
+            if dst is None:
                 return False
             if data is None:
                 dst.unlink()
@@ -173,14 +150,10 @@ class FileBackend:
             return True
 
     def set_aside(self, key: str, expect: bytes, aside: str) -> bool:
-        """Rename `key` to `aside` only if it still holds `expect` (under `swap_bytes`' flock): a
-        compare-and-swap that writes no data, for a full disk (a rename needs no free blocks)."""
-        dst = self._p(key)
-        if not dst.parent.is_dir():
-            return False
-        with open(dst.with_name(f".{dst.name}.lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not dst.is_file() or dst.read_bytes() != expect:
+        """Rename `key` to `aside` only if it still holds `expect`: a compare-and-swap that writes no
+        data, for a full disk (a rename needs no free blocks)."""
+        with self._if_holding(key, expect) as dst:
+            if dst is None:
                 return False
             os.replace(dst, self._p(aside))
             return True
