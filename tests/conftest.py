@@ -7,7 +7,9 @@ dependency errors every test that needs S3 instead of skipping it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # store, cache or Prefect API set in the calling shell is not inherited.
 REPO = Path(__file__).resolve().parents[1]
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="eaglenest-tests-"))
+# removed when this process exits: atexit runs its handlers last-registered first, so Prefect's temporary
+# server (registered later, on first use) is stopped before its database here goes
+atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
 os.environ["PREFECT_HOME"] = str(SESSION_DIR / "prefect")
 os.environ["HF_HOME"] = str(SESSION_DIR / "hf")
 os.environ["EAGLENEST_CACHE"] = str(SESSION_DIR / "cache")
