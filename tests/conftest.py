@@ -7,12 +7,15 @@ dependency errors every test that needs S3 instead of skipping it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
@@ -31,6 +34,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # store, cache or Prefect API set in the calling shell is not inherited.
 REPO = Path(__file__).resolve().parents[1]
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="eaglenest-tests-"))
+# removed when this process exits: atexit runs its handlers last-registered first, so Prefect's temporary
+# server (registered later, on first use) is stopped before its database here goes
+atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
 os.environ["PREFECT_HOME"] = str(SESSION_DIR / "prefect")
 os.environ["HF_HOME"] = str(SESSION_DIR / "hf")
 os.environ["EAGLENEST_CACHE"] = str(SESSION_DIR / "cache")
@@ -129,6 +135,44 @@ def prefect_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         assert down.returncode == 0 and down.stdout.strip() == "worker stopped, server stopped", \
             (down.stdout + down.stderr)[-2000:]
         assert not left and not stack.status()["healthy"], f"`eaglenest stack down` left {left} running"
+
+
+
+#: the deployment the orchestration tests run (deploy/prefect.yaml), and how long one run may take on a 2-core
+#: machine: ~10 child runs × (worker pick-up + a Python start) + compute.
+DEPLOYMENT = "eagle3-pipeline/tiny"
+RUN_TIMEOUT_S = 1500
+
+
+def prefect(stack, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """`prefect ARGS` against `stack` (a `flows.stack.Stack`), output captured."""
+    # a wide "terminal": the CLI's console wraps log lines at 80 columns when its output is not a tty
+    return subprocess.run([str(Path(sys.executable).parent / "prefect"), *args], env={**stack.env, "COLUMNS": "1000"},
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def run_pipeline(stack, *params: str) -> tuple[int, UUID, str]:
+    """`prefect deployment run 'eagle3-pipeline/tiny' --watch` on the stack's store: (exit code, flow run id,
+    output)."""
+    import re
+
+    args = ["deployment", "run", DEPLOYMENT, "--watch", "-p", f"store={stack.store_uri}"]
+    for p in params:
+        args += ["-p", p]
+    out = prefect(stack, *args)
+    text = out.stdout + out.stderr
+    match = re.search(r"UUID:\s*([0-9a-f-]{36})", text)
+    assert match, text[-3000:]
+    return out.returncode, UUID(match.group(1)), text
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline_run(prefect_stack) -> tuple[int, UUID, str]:
+    """The session's one plain run of the tiny deployment on the session's stack and store (`run_pipeline`):
+    it stores the tiny chain (target … verify) and points `production` at the export it promoted. Every test
+    that needs either requests this, rather than relying on an earlier test's run: each passes alone and in
+    any order. (exit code, flow run id, `--watch` output); the test of that run asserts on them."""
+    return run_pipeline(prefect_stack)
 
 
 #: the session's tiny target: configs/tiny.yaml with this override (enough pretraining for the loss to fall well

@@ -2,8 +2,8 @@
 must clearly beat an untrained one on held-out MT-bench prompts, and every artifact must verify.
 
 It runs against the session's one Prefect stack and store, after the orchestration tests (tests/conftest.py
-orders e2e last): the tiny pipeline's artifacts are content-addressed, so the trained chain the deployment
-run built is reused here and only the untrained control is computed.
+orders e2e last): the tiny pipeline's artifacts are content-addressed, so the trained chain the session's
+deployment run (`tiny_pipeline_run`) built is reused here and only the untrained control is computed.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def test_tiny_demo_trained_draft_beats_untrained(tmp_path_factory, prefect_stack
 
 
 @pytest.mark.slow
-def test_eaglenest_pipeline_from_the_shell_reuses_the_stored_chain(prefect_stack):
-    """`eaglenest pipeline` (the in-process flow a user runs from a shell) on the store the runs above filled:
+def test_eaglenest_pipeline_from_the_shell_reuses_the_stored_chain(prefect_stack, tiny_pipeline_run):
+    """`eaglenest pipeline` (the in-process flow a user runs from a shell) on the store the session's deployment
+    run filled (`tiny_pipeline_run`, requested here so this test passes alone):
     every step through verify is answered from its content-addressed artifact, the run completes, and the
     records name artifacts that verify."""
     import subprocess

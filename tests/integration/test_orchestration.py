@@ -1,9 +1,10 @@
 """The pipeline as users run it: `prefect deployment run 'eagle3-pipeline/tiny' --watch` against a real
 `prefect server start` and a process worker (the `prefect_stack` fixture), every step its own deployment run.
 
-In file order (they share the stack and its store, so later tests reuse earlier artifacts):
+The session's plain run (`tiny_pipeline_run`, tests/conftest.py) builds the tiny chain and sets `production`;
+each test that needs them requests it, so any test here passes alone and in any order:
 0. a typo'd parameter fails the run before any step, its one line (file, field, fix) as the state message;
-1. a run exits 0 and `production` points at the drafter it built; `--watch` ends with τ, speedup and the
+1. that run exits 0 and `production` points at the drafter it built; `--watch` ends with τ, speedup and the
    draft's location; its report and metrics table exist; a challenger the gate rejects ends `Rejected`
    (a Completed state: exit 0, no traceback) and leaves production alone;
 2. zero acceptance forced by a server started with the EAGLE flag: the gate records τ ≤ 1.1 and F1, the
@@ -18,8 +19,6 @@ A CUDA-graph hang at server start (F6) is waited out live once in the suite, on 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from uuid import UUID
@@ -31,34 +30,14 @@ from steps.lib.serving import start as serving
 from steps.lib.serving.launch import launch
 from steps.lib.store import open_store
 from tests.builders import free_port
+from tests.conftest import DEPLOYMENT, RUN_TIMEOUT_S, prefect, run_pipeline
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-DEPLOYMENT = "eagle3-pipeline/tiny"
-#: one pipeline run on this 2-core machine: ~10 child runs × (worker pick-up + a Python start) + compute.
-RUN_TIMEOUT_S = 1500
 
 
 # --- helpers ----------------------------------------------------------------------------------------------
-
-def prefect(stack, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    # a wide "terminal": the CLI's console wraps log lines at 80 columns when its output is not a tty
-    return subprocess.run([str(Path(sys.executable).parent / "prefect"), *args], env={**stack.env, "COLUMNS": "1000"},
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
-def run_pipeline(stack, *params: str) -> tuple[int, UUID, str]:
-    """`prefect deployment run 'eagle3-pipeline/tiny' --watch`; (exit code, flow run id, output)."""
-    args = ["deployment", "run", DEPLOYMENT, "--watch", "-p", f"store={stack.store_uri}"]
-    for p in params:
-        args += ["-p", p]
-    out = prefect(stack, *args)
-    text = out.stdout + out.stderr
-    match = re.search(r"UUID:\s*([0-9a-f-]{36})", text)
-    assert match, text[-3000:]
-    return out.returncode, UUID(match.group(1)), text
-
 
 def client(stack):
     from prefect.client.orchestration import SyncPrefectClient
@@ -102,12 +81,17 @@ def wait_final(stack, flow_run_id: UUID, timeout_s: float = RUN_TIMEOUT_S) -> st
     raise TimeoutError(f"flow run {flow_run_id} not final after {timeout_s} s")
 
 
-def report_markdown(stack) -> str:
+def report_markdown(stack, flow_run_id: UUID) -> str:
+    """The run report that pipeline run published (its own version of the keyed artifact: other runs, in any
+    order, add newer ones)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
     with client(stack) as c:
-        art = c.read_latest_artifacts()  # one per key, newest version
-    found = [a for a in art if a.key == "eagle3-tiny-00-report"]
-    assert found, [a.key for a in art]
-    return str(found[0].data)
+        found = c.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["eagle3-tiny-00-report"]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    assert found, f"no eagle3-tiny-00-report artifact of flow run {flow_run_id}"
+    return str(found[-1].data)
 
 
 def progress_artifacts(stack, flow_run_id: UUID) -> dict[str, float]:
@@ -150,7 +134,9 @@ def start_reference_server(stack, port: int, algorithm: str):
 
     store = open_store(stack.store_uri)
     cfg = load_config(find_config("tiny"))
-    export_id = store.get_alias("production")["id"]
+    production = store.get_alias("production")
+    assert production, "no production alias: request the tiny_pipeline_run fixture"
+    export_id = production["id"]
     target_id = store.manifest("export", export_id).inputs["target"]
     cmd = serving.build_sglang_command(cfg, target_path=target_dir(store, target_id),
                                      draft_dir=export_dir(store, export_id, "sglang"), port=port,
@@ -176,17 +162,18 @@ def test_a_typo_in_a_parameter_fails_the_run_in_one_line_before_any_step(prefect
     assert child_runs(prefect_stack, run_id) == {} and task_states(prefect_stack, run_id) == {}
 
 
-def test_deployment_run_promotes_the_new_drafter(prefect_stack):
-    code, run_id, out = run_pipeline(prefect_stack)
+def test_deployment_run_promotes_the_new_drafter(prefect_stack, tiny_pipeline_run):
+    code, run_id, out = tiny_pipeline_run
     assert code == 0, out[-4000:]
     store = open_store(prefect_stack.store_uri)
-    exports = store.list("export")
-    assert len(exports) == 1
     production = store.get_alias("production")
-    assert production["id"] == exports[0] and production["meta"]["flow_run_id"] == str(run_id)
+    # the run's own export: a challenger run (other tests, any order) stores another one but never promotes it
+    promoted = re.search(r"draft: (?:file://)?\S+/artifacts/export/([0-9a-f]{16})/sglang", out)
+    assert promoted and production["id"] == promoted[1], out[-3000:]
+    assert production["meta"]["flow_run_id"] == str(run_id) and promoted[1] in store.list("export")
     assert production["meta"]["tau"] > 1.1
     # where the user looks: `--watch` ends with the verdict, τ, speedup and the draft's locations
-    export_dir = store.artifact_uri("export", exports[0]).removeprefix("file://")
+    export_dir = store.artifact_uri("export", production["id"]).removeprefix("file://")
     tail = out[out.index("gate: promote"):] if "gate: promote" in out else out[-3000:]
     assert f"τ {production['meta']['tau']:.3f} live" in tail, tail
     assert f"draft: {export_dir}/sglang (SGLang), {export_dir}/vllm (vLLM)" in tail, tail
@@ -207,15 +194,15 @@ def test_deployment_run_promotes_the_new_drafter(prefect_stack):
     assert set(children) >= {"target", "datagen", "extract", "mapping", "train", "export", "verify", "serve",
                              "benchmark", "gate"}, children
     assert all(states == ["Completed"] for states in children.values()), children
-    report = report_markdown(prefect_stack)
-    assert "**promote**" in report and exports[0] in report and "data:image/png;base64," in report
+    report = report_markdown(prefect_stack, run_id)
+    assert "**promote**" in report and production["id"] in report and "data:image/png;base64," in report
     # the long steps showed progress in the UI, and it reached 100 %
     progress = progress_artifacts(prefect_stack, run_id)
     for step in ("datagen", "extract", "train"):
         assert progress.get(step) == 100.0, progress
 
 
-def test_a_challenger_the_gate_rejects_ends_rejected_not_failed(prefect_stack):
+def test_a_challenger_the_gate_rejects_ends_rejected_not_failed(prefect_stack, tiny_pipeline_run):
     store = open_store(prefect_stack.store_uri)
     before = store.get_alias("production")
     # another draft (one more epoch) held to a floor no tiny draft reaches: a normal "no", not an error
@@ -231,7 +218,7 @@ def test_a_challenger_the_gate_rejects_ends_rejected_not_failed(prefect_stack):
     assert (state.type.value, state.name) == ("COMPLETED", "Rejected") and "gate.min_tau 5" in state.message
 
 
-def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
+def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack, tiny_pipeline_run):
     store = open_store(prefect_stack.store_uri)
     before = store.get_alias("production")
     port = free_port()
@@ -249,7 +236,7 @@ def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
     assert any(d.startswith("F1 fail") for d in decisions[0]["diagnosis"]), decisions
     assert code != 0, (decisions, out[-2000:])
     assert store.get_alias("production") == before
-    report = report_markdown(prefect_stack)
+    report = report_markdown(prefect_stack, run_id)
     assert "**zero-acceptance**" in report
     assert re.search(r"\| F1 \| FAIL \| [^|]*served with --speculative-algorithm EAGLE:", report), report[:3000]
     assert "not applicable here" in report      # a server this run did not start is not restarted by it
@@ -260,7 +247,7 @@ def test_zero_acceptance_keeps_production_and_names_f1(prefect_stack):
     assert "Traceback" not in out and "unexpected exception" not in out, out[-3000:]
     children = child_runs(prefect_stack, run_id)
     assert children["gate"] == ["Completed"]   # the gate decided; the pipeline refused
-    # the first test stored target..verify for this config: answered in the parent, no child run each
+    # the session's run stored target..verify for this config: answered in the parent, no child run each
     assert not {"target", "datagen", "extract", "mapping", "train", "export", "verify"} & set(children), children
 
 
@@ -294,7 +281,7 @@ def test_a_cancelled_run_is_cancelled_down_the_tree_and_starts_no_rollback(prefe
     assert f"prefect.flow-run.{run.id}" not in [r.parameters.get("flow_run_id") for r in rollbacks]
 
 
-def test_retry_after_a_benchmark_failure_reruns_only_what_failed(prefect_stack):
+def test_retry_after_a_benchmark_failure_reruns_only_what_failed(prefect_stack, tiny_pipeline_run):
     port = free_port()                      # nothing listens yet: the benchmark fails
     # reuse=false: every step a child run even though its artifact is stored, so the retry's children show
     code, run_id, out = run_pipeline(prefect_stack, f"spec_url=http://127.0.0.1:{port}", "reuse=false")
