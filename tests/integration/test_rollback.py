@@ -6,9 +6,10 @@
    the server's automation start `eaglenest-rollback/rollback-local` on the worker, which moves `production`
    back; a failed run that moved nothing (a typo'd parameter) starts no rollback.
 
-`rollback_flow`'s other two branches, run as a flow against the same server (no automation to wait for):
+`rollback_flow`'s other branches, run as a flow against the same server (no automation to wait for):
 a failed `benchmark` child run rolls back what its parent pipeline promoted (the parent found through the
-child's parent task run), and a failed run that did not move `production` leaves it alone.
+child's parent task run), a failed run that did not move `production` leaves it alone, and so does one whose
+config does not load (refused before any step).
 """
 
 from __future__ import annotations
@@ -167,3 +168,21 @@ def test_a_failed_run_that_did_not_move_production_leaves_it_alone(api, store):
     assert result["action"] == ("nothing to roll back: production (b000000000000002) was not moved by this run")
     assert store.get_alias("production") == before
 
+
+
+def test_a_failed_run_whose_config_does_not_load_has_nothing_to_roll_back(api, store):
+    """A run refused before any step (its config does not load): no store to read, nothing it could have moved."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    from flows.pipeline import eagle3_pipeline
+    from flows.promotion import rollback_flow
+
+    with SyncPrefectClient(api.api_url) as client:
+        pipeline_run(client, store, moved=True)                  # production was moved, by another run
+        refused = client.create_flow_run(eagle3_pipeline, parameters={"config": "configs/tiniy.yaml",
+                                                                      "store": store.uri})
+    before = store.get_alias("production")
+    result = rollback_flow(f"prefect.flow-run.{refused.id}", reason="parameter config: tiniy.yaml: not found")
+    assert result["action"].startswith("nothing to roll back: the run's config does not load ("), result
+    assert "tiniy.yaml" in result["action"] and "\n" not in result["action"], result
+    assert store.get_alias("production") == before
