@@ -3,7 +3,7 @@ one relaunch of serve + benchmark, and which leave the server alone.
 
 The steps are replaced by a recorder that answers each call with the record a real step would return
 (the gate's decision in `meta`), so the branching itself is what runs here; the real steps behind it
-run in tests/integration/test_orchestration.py.
+run in tests/unit/test_gate_relaunch.py (the relaunch after F1) and tests/integration/test_orchestration.py.
 """
 
 from __future__ import annotations
