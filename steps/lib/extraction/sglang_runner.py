@@ -49,8 +49,9 @@ def check_available() -> None:
     """One line naming the fix when this process cannot run SGLang's model runner (no SGLang, no GPU)."""
     if importlib.util.find_spec("sglang") is None:
         raise ConfigError("extract.backend=sglang_runner needs SGLang in this interpreter, which has none: run "
-                          f"`torchrun ... -m steps.extract` with the serve image's python3 (SGLang {SGLANG_VERSION}) "
-                          "or `pip install sglang==" + SGLANG_VERSION + "`; or set extract.backend=sharded")
+                          "`torchrun ... -m steps.extract` in the serve image (its /opt/eaglenest/venv sees the base's "
+                          f"SGLang {SGLANG_VERSION}) or `pip install sglang=={SGLANG_VERSION}`; or set "
+                          "extract.backend=sharded")
     if not torch.cuda.is_available():
         raise ConfigError("extract.backend=sglang_runner needs CUDA GPUs (SGLang's model runner does not run on "
                           "this machine's CPU); run it on the GPU node, or set extract.backend=local / sharded")
