@@ -23,7 +23,9 @@ On several GPUs (`torchrun --nproc-per-node N -m steps.extract ...`) each rank l
 of the target and takes a contiguous range of the shards still to do; the disk budget is shared
 (each rank writes under budget / N, into its own scratch folder), and rank 0 writes the manifest once every rank's
 shards are uploaded. The shards are the same files at any world size. Targets too large for one
-GPU are extracted with `extract.backend=sglang` from tensor-parallel SGLang servers.
+GPU are extracted with `extract.backend=sharded` (transformers' tensor-parallel plan) or `sglang_runner`
+(SGLang's own model runner in each rank, steps/lib/extraction/sglang_runner.py): one copy of the target over
+the ranks, states binary to rank 0's writer. `extract.backend=sglang` asks SGLang servers through JSON.
 
     python -m steps.extract --config configs/tiny.yaml --target ID --dataset ID [--store URI] [--set k=v]
     torchrun --nproc-per-node 8 -m steps.extract --config C --target ID --dataset ID
@@ -39,10 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steps.lib.artifacts import target_config
+from steps.lib.artifacts import target_config, target_dir
 from steps.lib.checks.disk import check_disk_budget
 from steps.lib.config import ConfigError, PipelineConfig, resolve_aux_layer_ids
 from steps.lib.data.shards import bytes_per_token, check_storage_dtype, shard_bytes_bound, write_encoded
+from steps.lib.extraction import sglang_runner
 from steps.lib.extraction.capture import CaptureBackend, SGLangBackend, ShardedBackend, load_sharded, make_backend
 from steps.lib.extraction.sequences import SHARD_PATH, capture_batches, group_sequences, read_sequences
 from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
@@ -56,7 +59,9 @@ log = logging.getLogger("eaglenest.extract")
 #: extract fields that change no byte of the output: the same shards are reused whatever the
 #: budget, or wherever the servers run (a resumed run may raise the budget and keep its shards; a
 #: moved server does not restart extraction, and a URL's credentials never reach the id).
-NOT_IN_ID = ("disk_budget", "server_url", "final_server_url")
+NOT_IN_ID = ("disk_budget", "server_url", "final_server_url", "runner_mem_fraction")
+#: backends whose ranks hold one target together (collective forwards): rank 0 extracts, the others follow.
+SHARED_TARGET = ("sharded", "sglang_runner")
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -299,17 +304,21 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
 
     Under torchrun every rank calls this and extracts a contiguous range of the shards still to do;
     rank 0 commits the manifest after all ranks' uploads, and every rank returns it. With
-    `extract.backend: sharded` the ranks instead hold one target split by transformers' tensor-parallel
-    plan: rank 0 extracts every shard as a world of one, the others run its forwards with it."""
+    `extract.backend: sharded` (or `sglang_runner`) the ranks instead hold one target split by transformers'
+    tensor-parallel plan (or SGLang's model runner, TP = world size): rank 0 extracts every shard as a world
+    of one, the others run its forwards with it."""
     art_id = hidden_id(cfg, target_id, dataset_id)
     if store.exists("hidden", art_id):
         return store.manifest("hidden", art_id)
+    if cfg.extract.backend == "sglang_runner":
+        sglang_runner.check_available()                    # one line naming the fix, before any work
     world = distributed.setup()
     tcfg = target_config(store, target_id)
     layer_ids = resolve_aux_layer_ids(cfg, tcfg["num_hidden_layers"], target_architecture(tcfg))
-    if cfg.extract.backend != "sharded" or not world.distributed:    # one process: the local backend
+    # one process: the local backend (sglang_runner holds the target through SGLang even on one GPU)
+    if cfg.extract.backend not in SHARED_TARGET or (cfg.extract.backend == "sharded" and not world.distributed):
         return extract_shards(cfg, store, target_id, dataset_id, world, tcfg, layer_ids)
-    backend = load_sharded(store, target_id, layer_ids, world)
+    backend = load_shared(cfg, store, target_id, layer_ids, tcfg, world)
     if not world.is_main:
         return follow_writer(backend, store, art_id)
     try:
@@ -319,7 +328,17 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, dataset_id: str) -> M
         backend.release()
 
 
-def follow_writer(backend: ShardedBackend, store: Store, art_id: str) -> Manifest:
+def load_shared(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int], tcfg: dict[str, Any],
+                world: distributed.World) -> ShardedBackend | sglang_runner.SGLangRunnerBackend:
+    """Every rank together: the one target split over the world (a world of one is a one-GPU run)."""
+    if cfg.extract.backend == "sharded":
+        return load_sharded(store, target_id, layer_ids, world)
+    return sglang_runner.load_runner(target_dir(store, target_id), layer_ids, tcfg, world,
+                                     mem_fraction=cfg.extract.runner_mem_fraction,
+                                     context_length=cfg.extract.max_length)
+
+
+def follow_writer(backend: ShardedBackend | sglang_runner.SGLangRunnerBackend, store: Store, art_id: str) -> Manifest:
     """A rank > 0 of a sharded extraction: rank 0's forwards until it is done, then its manifest."""
     batches = backend.follow()
     if not store.exists("hidden", art_id):

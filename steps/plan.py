@@ -82,8 +82,8 @@ def check_backend(cfg: PipelineConfig, where: str) -> None:
     tp = cfg.target.tensor_parallel_size
     if cfg.extract.backend == "local" and tp > 1:
         raise PlanError(f"{where}: extract.backend=local loads the target on one device, but target."
-                        f"tensor_parallel_size={tp}; set extract.backend=sharded (torchrun --nproc-per-node {tp}) "
-                        "or sglang")
+                        f"tensor_parallel_size={tp}; set extract.backend=sharded or sglang_runner (torchrun "
+                        f"--nproc-per-node {tp})")
 
 
 def extract_rate(cfg: PipelineConfig, bpt: int) -> tuple[float, str]:
@@ -92,7 +92,7 @@ def extract_rate(cfg: PipelineConfig, bpt: int) -> tuple[float, str]:
     backend = cfg.extract.backend
     if backend == "sglang":
         return RATES["extract_sglang"]
-    if backend == "sharded":
+    if backend in ("sharded", "sglang_runner"):
         return cap, (f"not measured on GPUs: bounded by one shard writer, {WRITER_BYTES_PER_S / 1e9:.0f} GB/s "
                      f"(issue 24) / {bpt} B a token")
     rate, source = RATES["extract_local"]

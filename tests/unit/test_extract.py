@@ -339,3 +339,21 @@ def test_the_sglang_capture_server_is_told_ids_in_its_target_familys_convention(
     def ids(arch):
         return SGLangBackend("http://a", "http://b", [3, 4, 5], hidden_size=8, target_arch=arch).sglang_layer_ids
     assert ids("DeepseekV3ForCausalLM") == [3, 4, 5] and ids("LlamaForCausalLM") == ids(None) == [2, 3, 4]
+
+
+# --- (f) the in-process SGLang runner backend, where SGLang is not installed ----------------------------
+
+def test_the_sglang_runner_backend_without_sglang_fails_in_one_line_naming_the_fix(world, capsys):
+    """The main venv has no SGLang: selecting the backend is refused before any work (the CPU parts run
+    against SGLang's own classes in tests/integration/test_sglang_runner.py)."""
+    rc = main(["--config", str(ROOT / "configs/tiny.yaml"), "--store", world["store"].uri, "--target", world["target"],
+               "--dataset", world["dataset"], "--set", f"extract.aux_layer_ids={LAYER_IDS}",
+               "--set", "extract.backend=sglang_runner"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "extract.backend=sglang_runner needs SGLang" in err[0] and "pip install sglang==0.5.23" in err[0]
+
+
+def test_the_runner_memory_fraction_changes_no_byte_and_no_id():
+    cfg = _cfg()
+    assert hidden_id(cfg, "t", "d") == hidden_id(_cfg("extract.runner_mem_fraction=0.6"), "t", "d")

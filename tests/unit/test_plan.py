@@ -55,3 +55,14 @@ def test_a_local_backend_for_a_tp8_target_is_refused(tmp_path, capsys):
 def test_the_sglang_server_path_is_refused_naming_the_faster_backend(tmp_path, capsys):
     err = refused(tmp_path, capsys, backend="sglang", server_url="http://a:1", final_server_url="http://a:2")
     assert "two servers" in err and "2 × TP=8" in err and "extract.backend=sharded" in err
+
+
+def test_the_sglang_runner_backend_plans_bounded_by_one_writer(tmp_path, capsys):
+    data = yaml.safe_load(FOUNDING.read_text())
+    data["extract"]["backend"] = "sglang_runner"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert plan.main(["--config", str(path), "--json"]) == 0
+    rate = json.loads(capsys.readouterr().out)["rates"]["extract"]
+    assert rate["backend"] == "sglang_runner" and rate["tok_per_s"] == pytest.approx(1e9 / 57_353)
+    assert rate["source"].startswith("not measured on GPUs: bounded by one shard writer")

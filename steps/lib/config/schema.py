@@ -208,13 +208,17 @@ class ExtractConfig(Section):
     #: `local`: in-process forward with hooks; `sglang`: a server started with
     #: --enable-return-aux-hidden-states; `sharded`: in-process like `local`, the target split over every
     #: torchrun rank by transformers' tensor-parallel plan (`tp_plan="auto"`), one forward for aux and
-    #: final states, rank 0 the one writer (a target that does not fit one device).
-    backend: Literal["local", "sglang", "sharded"] = "local"
+    #: final states, rank 0 the one writer (a target that does not fit one device); `sglang_runner`: the same
+    #: torchrun layout with SGLang's own model runner holding the target (TP = world size; needs SGLang and
+    #: CUDA, steps/lib/extraction/sglang_runner.py).
+    backend: Literal["local", "sglang", "sharded", "sglang_runner"] = "local"
     #: an SGLang server started with --enable-return-aux-hidden-states (aux rows per token).
     server_url: str | None = None
     #: an SGLang server started with --enable-return-hidden-states (post-norm final rows): SGLang's
     #: aux response has no final hidden state and the last layer cannot be an aux layer.
     final_server_url: str | None = None
+    #: `sglang_runner`: SGLang's mem_fraction_static (GPU memory for weights + KV pool); None → SGLang's default.
+    runner_mem_fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
     #: internal convention (HF hidden_states index); None → [2, N//2, N-3]. Range-checked (1 ≤ id ≤ N-1)
     #: against the declared or the real depth (steps/lib/config/derive.py).
     aux_layer_ids: list[int] | None = None

@@ -93,6 +93,36 @@ class HostSlot:
         return buf[: like.numel()].view(like.shape)
 
 
+class HostCopies:
+    """Encoded states on their way to the host: on a GPU, copied on a side CUDA stream into one of
+    `HOST_SLOTS` pinned buffer sets (the next forward runs meanwhile); on a CPU, handed over as they are.
+    Shared by every in-process backend, so that each feeds the shard writer the same way."""
+
+    def __init__(self, device: torch.device):
+        self._slots: queue.Queue[HostSlot] = queue.Queue()
+        self._copy_stream = None
+        if device.type == "cuda":
+            self._copy_stream = torch.cuda.Stream(device)
+            for _ in range(HOST_SLOTS):
+                self._slots.put(HostSlot())
+        self.device = device
+
+    def send(self, states: dict[str, torch.Tensor], spans: list[tuple[int, int]]) -> Pending:
+        """`states`: flat rows `[N, W]` per stored tensor, on the device -> a Pending of them on the host."""
+        if self._copy_stream is None:
+            return Pending({k: v.cpu() for k, v in states.items()}, spans)
+        slot = self._slots.get()            # blocks while the writer still reads both buffer sets
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # the states are computed
+        host = {}
+        with torch.cuda.stream(self._copy_stream):
+            for k, v in states.items():
+                host[k] = slot.view(k, v).copy_(v, non_blocking=True)
+                v.record_stream(self._copy_stream)   # the allocator keeps v until the copy is done
+            landed = torch.cuda.Event()
+            landed.record(self._copy_stream)
+        return Pending(host, spans, landed, on_release=lambda: self._slots.put(slot))
+
+
 class LocalBackend:
     """In-process forward with hooks on exactly the layers needed (no `output_hidden_states`).
 
@@ -114,12 +144,7 @@ class LocalBackend:
         self._hooks = [decoder_layers[i].register_forward_pre_hook(self._keep_input(i), with_kwargs=True)
                        for i in self.layer_ids]
         self._hooks.append(norm.register_forward_hook(self._keep_output))
-        self._slots: queue.Queue[HostSlot] = queue.Queue()
-        self._copy_stream = None
-        if self.device.type == "cuda":
-            self._copy_stream = torch.cuda.Stream(self.device)
-            for _ in range(HOST_SLOTS):
-                self._slots.put(HostSlot())
+        self._to_host = HostCopies(self.device)
 
     def close(self) -> None:
         """Remove the hooks (the model is left as it was found)."""
@@ -168,20 +193,8 @@ class LocalBackend:
         aux, final, lengths = self._forward(batch_input_ids)
         states = encode_states(aux, final, storage_dtype)                 # on the device (fp8: half the copy)
         width = aux.shape[1]
-        spans = [(b * width, n) for b, n in enumerate(lengths)]
-        if self._copy_stream is None:
-            return Pending({k: v.flatten(0, 1) for k, v in states.items()}, spans)
-        slot = self._slots.get()            # blocks while the writer still reads both buffer sets
-        compute = torch.cuda.current_stream(self.device)
-        self._copy_stream.wait_stream(compute)                             # the states are computed
-        host = {}
-        with torch.cuda.stream(self._copy_stream):
-            for k, v in states.items():
-                host[k] = slot.view(k, v).copy_(v, non_blocking=True).flatten(0, 1)
-                v.record_stream(self._copy_stream)   # the allocator keeps v until the copy is done
-            landed = torch.cuda.Event()
-            landed.record(self._copy_stream)
-        return Pending(host, spans, landed, on_release=lambda: self._slots.put(slot))
+        return self._to_host.send({k: v.flatten(0, 1) for k, v in states.items()},
+                                  [(b * width, n) for b, n in enumerate(lengths)])
 
 
 def aux_server_args(layer_ids: list[int], arch: str | None = None) -> list[str]:
