@@ -236,15 +236,11 @@ class ShardedBackend(LocalBackend):
     @torch.inference_mode()
     def follow(self) -> int:
         """Ranks > 0: run rank 0's forwards until it releases us; the number of batches run."""
-        batches = 0
-        while (batch := distributed.broadcast_object(self.world, None)) is not None:
-            super()._forward(batch)
-            batches += 1
-        return batches
+        return distributed.follow_batches(self.world, super()._forward)
 
     def release(self) -> None:
-        """Rank 0: no more batches (also after a failure, so that no rank waits for a forward forever)."""
-        distributed.broadcast_object(self.world, None)
+        """Rank 0: no more batches (also after a failure)."""
+        distributed.release_followers(self.world)
 
 
 def load_sharded(store: Store, target_id: str, layer_ids: list[int], world: distributed.World) -> ShardedBackend:

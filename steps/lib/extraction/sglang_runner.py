@@ -143,16 +143,12 @@ class SGLangRunnerBackend:
     @torch.inference_mode()
     def follow(self) -> int:
         """Ranks > 0: run rank 0's forwards until it releases us; the number of batches run."""
-        batches = 0
-        while (batch := distributed.broadcast_object(self.world, None)) is not None:
-            self.engine.forward(batch)
-            batches += 1
-        return batches
+        return distributed.follow_batches(self.world, self.engine.forward)
 
     def release(self) -> None:
-        """Rank 0: no more batches (also after a failure, so that no rank waits for a forward forever)."""
-        if self.world is not None and self.world.distributed:
-            distributed.broadcast_object(self.world, None)
+        """Rank 0: no more batches (also after a failure)."""
+        if self.world is not None:
+            distributed.release_followers(self.world)
 
 
 class SGLangEngine:

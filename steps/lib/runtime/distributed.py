@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -188,6 +188,22 @@ def broadcast_object(world: World, obj: T | None) -> T:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def follow_batches(world: World, forward: Callable[[Any], Any]) -> int:
+    """Ranks > 0 of a collective forward: run `forward` on each batch rank 0 broadcasts until it broadcasts
+    None (`release_followers`); the number of batches run. Their outputs are dropped: rank 0 writes."""
+    batches = 0
+    while (batch := broadcast_object(world, None)) is not None:
+        forward(batch)
+        batches += 1
+    return batches
+
+
+def release_followers(world: World) -> None:
+    """Rank 0: no more batches (also after a failure, so that no rank waits for a forward forever)."""
+    if world.distributed:
+        broadcast_object(world, None)
 
 
 def solo(world: World) -> World:
