@@ -20,6 +20,10 @@ current champion (the export the `production` alias points at). Writes a `gate` 
   failed). The draft has not changed, so the serving has: the doctor runs as for zero acceptance.
   Without this a production draft whose live τ fell 12% behind a new server passed as `current`.
 
+Before `promote` or `current`, the algorithm the measured server reported is read (F1): numbers measured
+behind `--speculative-algorithm EAGLE` are not those of the derived command, whatever τ they show, so the
+verdict becomes `reject` (`degraded` for production) with the F1 fix, and the pipeline relaunches.
+
 Moving the alias is not done here: the orchestrator does it inside a transaction that can roll back.
 """
 
@@ -31,6 +35,7 @@ from typing import Any
 
 from steps.lib.artifacts import export_dir, target_dir
 from steps.lib.checks.cuda_graph import check_cuda_graph
+from steps.lib.checks.finding import Finding
 from steps.lib.config import GateConfig, PipelineConfig, config_dict
 from steps.lib.diagnose import diagnose as run_doctor
 from steps.lib.diagnose import served_algorithm
@@ -149,6 +154,17 @@ def diagnose(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, 
     return [f.to_dict() for f in findings]
 
 
+def wrong_algorithm(store: Store, export_id: str, report: dict[str, Any]) -> Finding | None:
+    """F1 failing on the algorithm the measured server reported, when it reported one: a τ measured behind
+    `EAGLE` (which an engine may still accept for a while) is not the τ of the derived EAGLE3 command."""
+    facts = report["servers"]["speculative"]
+    if not facts.get("speculative_algorithm"):
+        return None
+    f = served_algorithm(export_dir(store, export_id, "sglang"), facts, report["metrics"].get("tau"),
+                         where="measured server")
+    return f if f.status == "fail" else None
+
+
 def fix_for(findings: list[dict[str, Any]], spec_url: str | None) -> dict[str, Any] | None:
     """The first failing row with a known fix, and whether this pipeline can apply it."""
     for f in findings:
@@ -192,7 +208,11 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, bench
     if is_champion:
         recorded = (champion.get("meta") or {}).get("tau")
         reasons = [f"export {export_id} is production (recorded live τ {_fmt(recorded)})", *reasons]
-    findings = diagnose(cfg, store, export_id, target_id, report, spec_url) if verdict in DIAGNOSED else []
+    served = wrong_algorithm(store, export_id, report) if verdict in ("promote", "current") else None
+    if served is not None:        # a good τ behind the wrong algorithm is not what production would serve
+        verdict, reasons = ("degraded" if is_champion else "reject"), [served.located, *reasons]
+    findings = diagnose(cfg, store, export_id, target_id, report, spec_url) \
+        if verdict in DIAGNOSED or served is not None else []
     decision = {"verdict": verdict, "reasons": reasons, "fix": fix_for(findings, spec_url) if findings else None,
                 "diagnosis": findings, "candidate": {"export": export_id, "benchmark": benchmark_id,
                                                      "tau": report["metrics"].get("tau"),

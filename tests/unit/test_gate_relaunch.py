@@ -124,3 +124,19 @@ def test_production_behind_a_server_started_with_eagle_is_relaunched_and_holds_a
     assert decision["verdict"] == "current" and decision["retried_for"] == degraded["fix"], decision
     assert decision["candidate"]["tau"] == recorded["metrics"]["tau"]
     assert store.get_alias("production") == before
+
+
+def test_a_good_tau_behind_a_server_started_with_eagle_is_not_promoted_but_relaunched(monkeypatch, tmp_path):
+    """At the default zero-acceptance line, EAGLE's τ 2.5 here would pass every floor: the gate reads the
+    algorithm the measured server reported (F1) before promoting, rejects, and the relaunch promotes."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    w = world(tmp_path / "w", gate={"min_tau": 1.5, "min_speedup": 0.0})
+    log = launches_wrong(monkeypatch, tmp_path, wrong=[2])
+    decision, done = pipeline(w, w["cfg"])
+    assert served(log) == ["EAGLE3", "EAGLE", "EAGLE3", "EAGLE3"], log.read_text()
+    rejected = first_gate(done)
+    assert rejected["verdict"] == "reject" and rejected["candidate"]["tau"] > 1.5, rejected
+    assert rejected["reasons"][0].startswith("measured server: EAGLE-3 draft served with --speculative-algorithm EAGLE")
+    assert rejected["fix"] == {"row": "F1", "applicable": True, "action": "relaunch",
+                               "how": "relaunch with the derived command (--speculative-algorithm EAGLE3)"}
+    assert decision["verdict"] == "promote" and decision["retried_for"] == rejected["fix"], decision
