@@ -23,6 +23,23 @@ from steps.lib.store import open_store, store_uri_for
 UNTRAINED = ["train.max_steps=0", "verify.in_distribution_prompts=0"]
 
 
+def tau_summary(verify: dict[str, Any], control_verify: dict[str, Any]) -> dict[str, Any]:
+    """The summary's τ fields from verify's metrics (the trained draft's, the untrained control's)."""
+    return {
+        "acceptance_length": verify["tau"],          # the user-facing name of τ
+        # the 2.5 / 97.5 percentiles of τ over resampled prompts (steps.lib.metrics.tau_interval)
+        "acceptance_length_interval": verify.get("tau_interval"),
+        "acceptance_length_random_draft": control_verify["tau"],
+        # τ on prompts held out of the training sources (dataset.held_out): what the draft learned
+        "acceptance_length_in_distribution": verify.get("tau_in_distribution"),
+        "acceptance_length_in_distribution_interval": verify.get("tau_interval_in_distribution"),
+        "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
+        "per_position_acceptance": verify["per_position_acceptance"],
+        "num_steps": verify["num_steps"],
+        "speedup_reference_engine": verify.get("speedup"),
+    }
+
+
 def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[str, dict[str, Any]],
               store_uri: str) -> dict[str, Any]:
     from steps.lib.artifacts import export_dir, target_dir
@@ -35,14 +52,7 @@ def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[s
         "target": load_config(find_config(cfg_name)).target.display_name,
         "target_dir": str(target_dir(store, target_id)),
         "store": store.uri,
-        "acceptance_length": verify["tau"],          # the user-facing name of τ
-        "acceptance_length_random_draft": control_verify["tau"],
-        # τ on prompts held out of the training sources (dataset.held_out): what the draft learned
-        "acceptance_length_in_distribution": verify.get("tau_in_distribution"),
-        "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
-        "per_position_acceptance": verify["per_position_acceptance"],
-        "num_steps": verify["num_steps"],
-        "speedup_reference_engine": verify.get("speedup"),
+        **tau_summary(verify, control_verify),
         "steps": {name: {"id": r["id"], "uri": r["uri"], "seconds": r["seconds"]} for name, r in records.items()},
         "control_steps": {name: {"id": r["id"], "uri": r["uri"], "seconds": r["seconds"]}
                           for name, r in control.items() if r["id"] != records[name]["id"]},
@@ -50,15 +60,21 @@ def summarize(cfg_name: str, records: dict[str, dict[str, Any]], control: dict[s
     }
 
 
+def _interval(bounds: list[float] | None) -> str:
+    return "" if not bounds else f" (95% interval {bounds[0]:.3f}–{bounds[1]:.3f} over prompts)"
+
+
 def print_summary(s: dict[str, Any]) -> None:
     pos = ", ".join(f"{p:.2f}" for p in s["per_position_acceptance"])
     print(f"\n== eaglenest demo: {s['target']} ==")
     print(f"acceptance length τ (k={s['num_steps']}, held-out MT-bench): {s['acceptance_length']:.3f}"
-          f"   untrained draft: {s['acceptance_length_random_draft']:.2f}")
+          f"{_interval(s.get('acceptance_length_interval'))}   untrained draft: "
+          f"{s['acceptance_length_random_draft']:.2f}")
     print(f"per-position acceptance: [{pos}]")
     if s["acceptance_length_in_distribution"] is not None:
         print(f"acceptance length τ on held-out prompts of the training sources: "
-              f"{s['acceptance_length_in_distribution']:.2f}")
+              f"{s['acceptance_length_in_distribution']:.2f}"
+              f"{_interval(s.get('acceptance_length_in_distribution_interval'))}")
     for name, r in s["steps"].items():
         print(f"  {name:8s} {r['seconds']:8.1f} s  {r['uri']}")
     for engine, path in s["export_dirs"].items():
