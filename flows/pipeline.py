@@ -237,8 +237,6 @@ def serve_benchmark_gate(step: Any, done: dict[str, dict[str, Any]], *, export: 
     return decision
 
 
-
-
 def launch_command(cfg: PipelineConfig, config: str, store: Any, export_id: str, target_id: str) -> str:
     """The exact SGLang launch command for the export (paths local to a file:// store); for a remote store,
     the command that prints it where the export is fetched (`eaglenest serve` resolves the target)."""

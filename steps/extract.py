@@ -335,7 +335,8 @@ def load_shared(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: li
         return load_sharded(store, target_id, layer_ids, world)
     return sglang_runner.load_runner(target_dir(store, target_id), layer_ids, tcfg, world,
                                      mem_fraction=cfg.extract.runner_mem_fraction,
-                                     context_length=cfg.extract.max_length)
+                                     context_length=cfg.extract.max_length,
+                                     trust_remote_code=cfg.target.trust_remote_code)
 
 
 def follow_writer(backend: ShardedBackend | sglang_runner.SGLangRunnerBackend, store: Store, art_id: str) -> Manifest:

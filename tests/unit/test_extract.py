@@ -357,3 +357,11 @@ def test_the_sglang_runner_backend_without_sglang_fails_in_one_line_naming_the_f
 def test_the_runner_memory_fraction_changes_no_byte_and_no_id():
     cfg = _cfg()
     assert hidden_id(cfg, "t", "d") == hidden_id(_cfg("extract.runner_mem_fraction=0.6"), "t", "d")
+
+
+def test_the_sglang_runner_trusts_no_remote_code_unless_the_target_says_so():
+    from steps.lib.extraction.sglang_runner import runner_server_args
+
+    args = dict(arch="LlamaForCausalLM", tp_size=1)
+    assert runner_server_args("/t", [1, 2, 3], **args)["trust_remote_code"] is False
+    assert runner_server_args("/t", [1, 2, 3], trust_remote_code=True, **args)["trust_remote_code"] is True

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import socket
 from array import array
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from steps.lib.config import ConfigError
 from steps.lib.data.shards import encode_states
 from steps.lib.extraction.capture import HostCopies, Pending
 from steps.lib.runtime import distributed
+from steps.lib.serving.launch import available_port
 
 log = logging.getLogger("eaglenest.extract")
 
@@ -58,12 +58,13 @@ def check_available() -> None:
 
 
 def runner_server_args(model_path: str | Path, layer_ids: list[int], *, arch: str | None, tp_size: int,
-                       mem_fraction: float | None = None, context_length: int | None = None) -> dict[str, Any]:
+                       mem_fraction: float | None = None, context_length: int | None = None,
+                       trust_remote_code: bool = False) -> dict[str, Any]:
     """The `ServerArgs` fields of a capture-only runner: aux capture of `layer_ids` (internal ids, converted by
     the target family's rule, F4), no draft, no radix cache (a cached prefix has no rows), no chunked prefill
     (its middle chunks return no rows), no CUDA graphs (prefill only; decode graphs would cost memory)."""
     args: dict[str, Any] = {
-        "model_path": str(model_path), "tp_size": tp_size, "trust_remote_code": True,
+        "model_path": str(model_path), "tp_size": tp_size, "trust_remote_code": trust_remote_code,
         "enable_return_aux_hidden_states": True, "speculative_algorithm": "EAGLE3",
         "return_aux_hidden_state_layer_ids": layers.to_engine(list(layer_ids), "sglang", arch),
         "disable_radix_cache": True, "chunked_prefill_size": -1, "disable_cuda_graph": True,
@@ -169,8 +170,7 @@ class SGLangEngine:
         _set_envs_and_config(args)
         # eaglenest's process group exists already (torchrun): SGLang's init_distributed_environment reuses it,
         # so the port is only a formality; rank 0's is everyone's.
-        port = distributed.broadcast_object(world, free_port() if world.is_main else None) if world.distributed \
-            else free_port()
+        port = distributed.broadcast_object(world, available_port("127.0.0.1", 0) if world.is_main else None)
         gpu = world.device.index or 0
         publish(args, role="scheduler",
                 ranks=SpawnRanks(world_rank=spawn_world_rank(args, tp_rank=world.rank, pp_rank=0), gpu_id=gpu))
@@ -222,18 +222,14 @@ class _Ports:
         self.nccl_port = nccl_port
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def load_runner(target_dir: str | Path, layer_ids: list[int], tcfg: dict[str, Any], world: distributed.World, *,
-                mem_fraction: float | None, context_length: int | None) -> SGLangRunnerBackend:
-    """Every rank together: SGLang's runner over the world's GPUs (TP = world size), as a backend."""
-    check_available()
+                mem_fraction: float | None, context_length: int | None,
+                trust_remote_code: bool = False) -> SGLangRunnerBackend:
+    """Every rank together: SGLang's runner over the world's GPUs (TP = world size), as a backend.
+    The caller has run `check_available()` first (steps/extract.py, before any work)."""
     args = runner_server_args(target_dir, layer_ids, arch=layers.target_architecture(tcfg), tp_size=world.size,
-                              mem_fraction=mem_fraction, context_length=context_length)
+                              mem_fraction=mem_fraction, context_length=context_length,
+                              trust_remote_code=trust_remote_code)
     engine = SGLangEngine(args, world)
     log.info("extract: SGLang's model runner holds the target over %d GPU(s) (TP=%d), aux layers %s (internal), "
              "one forward for aux and final states", world.size, world.size, layer_ids)

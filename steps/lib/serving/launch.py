@@ -68,7 +68,7 @@ class Server:
 
 
 def available_port(host: str, preferred: int) -> int:
-    """`preferred` when it can be bound on `host`, else a free port the OS picks. Two pipelines on one
+    """`preferred` when it can be bound on `host`, else (or for 0) a free port the OS picks. Two pipelines on one
     machine share a config's serve ports; a second server on a taken port would fail to start, or worse,
     its health check would be answered by the first pipeline's server. (A port taken between this check and
     the server's own bind still fails that start, loudly.)"""
@@ -81,7 +81,7 @@ def available_port(host: str, preferred: int) -> int:
             except OSError:
                 continue
             chosen = sock.getsockname()[1]
-        if chosen != preferred:
+        if preferred and chosen != preferred:     # 0: any free port was asked for
             logging.getLogger(__name__).warning("port %d on %s is taken; serving on %d", preferred, host, chosen)
         return chosen
     raise OSError(f"no free port on {host}: cannot bind {preferred} nor an OS-chosen one")
