@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,7 +138,6 @@ def prefect_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         assert not left and not stack.status()["healthy"], f"`eaglenest stack down` left {left} running"
 
 
-
 #: the deployment the orchestration tests run (deploy/prefect.yaml), and how long one run may take on a 2-core
 #: machine: ~10 child runs × (worker pick-up + a Python start) + compute.
 DEPLOYMENT = "eagle3-pipeline/tiny"
@@ -154,8 +154,6 @@ def prefect(stack, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.Com
 def run_pipeline(stack, *params: str) -> tuple[int, UUID, str]:
     """`prefect deployment run 'eagle3-pipeline/tiny' --watch` on the stack's store: (exit code, flow run id,
     output)."""
-    import re
-
     args = ["deployment", "run", DEPLOYMENT, "--watch", "-p", f"store={stack.store_uri}"]
     for p in params:
         args += ["-p", p]
