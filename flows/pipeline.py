@@ -30,11 +30,11 @@ from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE
+from prefect.client.schemas.objects import FlowRun
 from prefect.context import TaskRunContext
-from prefect.deployments import run_deployment
 from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
-from prefect.states import Completed, Failed, State
+from prefect.states import Completed, Failed, Pending, State
 
 from flows import ui
 from flows.parameters import (
@@ -95,22 +95,78 @@ def _run_call(step: str, config: str, overrides: list[str], store: str | None, i
     if mode == "local":
         return run_step_reporting(step, config, overrides, store, inputs, options)
     parameters = {"config": config, "overrides": overrides, "store": store, "inputs": inputs, "options": options}
+    # the child run is filed under this step's own task run: Prefect's own subflow call and `run_deployment`
+    # each add a stand-in task run for the child, and the run graph then drew every step twice
+    parent = TaskRunContext.get().task_run.id
     if pool == LOCAL_POOL:
         # a subflow of this run (its own run in the UI graph) whose step is a child process: no worker
         # pick-up and no second Prefect start-up per step (benchmarks/README.md: that was most of the overhead)
         name = f"{step} (subflow)"
-        child_state = outside_task(lambda: flow_of(step)(**parameters, isolated=True, return_state=True))
-        child_name = child_state.state_details.flow_run_id
+        child = outside_task(lambda: run_subflow(flow_of(step), {**parameters, "isolated": True}, parent))
     else:
         name = f"{step}/{step}-{pool}"   # deploy/prefect.yaml: `<step>-<local|docker|k8s>` under each step flow
-        # poll the child every second (the default 5 s is up to 5 s lost per step)
-        child = run_deployment(name, parameters=parameters, poll_interval=1)
-        child_state, child_name = child.state, child.name
+        child = run_deployment_under(name, parameters, parent)
+    child_state = child.state
     if not child_state or not child_state.is_completed():
         state = child_state.type.value if child_state else "unknown"
-        raise StepRunFailed(f"{name}: flow run {child_name} ended {state}: "
+        raise StepRunFailed(f"{name}: flow run {child.name} ended {state}: "
                             f"{child_state.message if child_state else ''}")
     return child_state.result()
+
+
+def run_subflow(step_flow: Any, parameters: dict[str, Any], parent_task_run_id: UUID) -> FlowRun:
+    """Run `step_flow` here as a child of the task run `parent_task_run_id`; its flow run, final state set."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import TagsContext
+    from prefect.flow_engine import run_flow
+
+    with get_client(sync_client=True) as client:
+        recorded(client, parent_task_run_id)
+        child = client.create_flow_run(flow=step_flow, parameters=step_flow.serialize_parameters(parameters),
+                                       state=Pending(), parent_task_run_id=parent_task_run_id,
+                                       tags=TagsContext.get().current_tags)
+        state = run_flow(step_flow, flow_run=child, parameters=parameters, return_type="state")
+        child = client.read_flow_run(child.id)
+    child.state = state         # the engine's own state object: its result is read without another lookup
+    return child
+
+
+def recorded(client: Any, task_run_id: UUID, timeout_s: float = 60.0) -> None:
+    """Wait until the server has recorded the task run `task_run_id`: Prefect 3 files a task run from the events
+    it emits, a moment after the task starts, and a child naming a parent not yet in the database is refused
+    (409, a foreign key)."""
+    import time
+
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.read_task_run(task_run_id)
+            return
+        except ObjectNotFound:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def run_deployment_under(name: str, parameters: dict[str, Any], parent_task_run_id: UUID,
+                         poll_s: float = 1.0) -> FlowRun:
+    """Start the deployment `name` as a child of the task run `parent_task_run_id` and wait for its end, polling
+    every `poll_s` (Prefect's default 5 s was up to 5 s lost per step); its flow run."""
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(name)
+        recorded(client, parent_task_run_id)
+        child = client.create_flow_run_from_deployment(deployment.id, parameters=parameters,
+                                                       parent_task_run_id=parent_task_run_id)
+        while not (child.state and child.state.is_final()):
+            time.sleep(poll_s)
+            child = client.read_flow_run(child.id)
+    return child
 
 
 @contextmanager
@@ -242,13 +298,11 @@ def launch_command(cfg: PipelineConfig, config: str, store: Any, export_id: str,
     the command that prints it where the export is fetched (`eaglenest serve` resolves the target)."""
     if not store.uri.startswith("file://"):
         return f"eaglenest serve --config {config} --store {store.uri} --draft {export_id} --print-command"
-    import shlex
-
     from steps.lib.artifacts import export_dir, target_dir
     from steps.lib.serving.start import build_sglang_command
 
-    return shlex.join(build_sglang_command(cfg, target_path=target_dir(store, target_id),
-                                           draft_dir=export_dir(store, export_id, "sglang")))
+    return ui.shell_lines(build_sglang_command(cfg, target_path=target_dir(store, target_id),
+                                               draft_dir=export_dir(store, export_id, "sglang")))
 
 
 def write_launch(store: Any, export_id: str, command: str) -> str:

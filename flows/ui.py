@@ -145,13 +145,17 @@ def svg_uri(svg: str) -> str:
 
 
 def metrics_table(records: dict[str, dict[str, Any]], config_name: str) -> None:
-    rows = [{"step": name, "artifact": f"{r['kind']}/{r['id']}", "seconds": r["seconds"],
-             **{k: _fmt(r["metrics"].get(k)) for k in HEADLINE if k in r["metrics"]}}
-            for name, r in records.items()]
-    columns = ["step", "artifact", "seconds", *[k for k in HEADLINE if any(k in row for row in rows)]]
-    create_table_artifact(redact([{c: row.get(c, "") for c in columns} for row in rows]),
-                          key=artifact_key("metrics", config_name),
+    create_table_artifact(redact(metrics_rows(records)), key=artifact_key("metrics", config_name),
                           description=f"eagle3-pipeline {config_name}: one row per step")
+
+
+def metrics_rows(records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per step in four columns: the step, its artifact, its seconds and its headline metrics in one
+    cell (`tokens 1234 · tau 1.338`). A column per metric made the table wider than the page: the UI cut it at
+    the right edge."""
+    return [{"step": name, "artifact": f"{r['kind']}/{r['id']}", "seconds": r["seconds"],
+             "metrics": " · ".join(f"{k} {_fmt(r['metrics'][k])}" for k in HEADLINE if k in r["metrics"])}
+            for name, r in records.items()]
 
 
 def _fmt(v: Any) -> Any:
@@ -227,8 +231,8 @@ def run_report(config_name: str, records: dict[str, dict[str, Any]], *, dataset:
         if result.get("launch"):
             lines += ["```sh", result["launch"], "```", ""]
     lines += ["## Lineage", "", f"dataset source: `{dataset or 'the config dataset.sources'}`", "",
-              "| step | artifact | seconds | URI |", "|---|---|---|---|"]
-    lines += [f"| {n} | `{r['kind']}/{r['id']}` | {r['seconds']} | `{r['uri']}` |" for n, r in records.items()]
+              *_store_line(records), "| step | artifact | seconds |", "|---|---|---|"]
+    lines += [f"| {n} | `{r['kind']}/{r['id']}` | {r['seconds']} |" for n, r in records.items()]
     if production:
         recorded = _num(production.get("meta", {}).get("tau"), 3)
         lines += ["", f"`production` → export `{production['id']}` (τ {recorded}); "
@@ -250,6 +254,30 @@ def run_report(config_name: str, records: dict[str, dict[str, Any]], *, dataset:
     if plot_png:
         lines += ["", "## Benchmark", "", f"![benchmark]({png_uri(plot_png)})"]
     return "\n".join(lines) + "\n"
+
+
+def _store_line(records: dict[str, dict[str, Any]]) -> list[str]:
+    """Where the lineage's artifacts are, said once above the table: every one is `<root>/artifacts/<kind>/<id>`,
+    and a URI column made the table wider than the page. A record stored elsewhere keeps its URI in the line."""
+    roots = {r["uri"].removesuffix(f"/artifacts/{r['kind']}/{r['id']}") for r in records.values()}
+    if len(roots) == 1 and all(r["uri"].endswith(f"/artifacts/{r['kind']}/{r['id']}") for r in records.values()):
+        return [f"artifacts under `{shown(roots.pop())}/artifacts/<kind>/<id>`", ""]
+    return ["artifacts: " + ", ".join(f"`{shown(r['uri'])}`" for r in records.values()), ""]
+
+
+def shell_lines(argv: list[str]) -> str:
+    """A command as a shell reads it back, each `--option` (with its values) on a line of its own after a `\\`:
+    the report and the launch script show a twenty-option SGLang command that fits the page, and `sh` parses it
+    into the same argv."""
+    import shlex
+
+    lines: list[str] = []
+    for arg in argv:
+        if lines and not arg.startswith("--"):
+            lines[-1] += " " + shlex.quote(arg)
+        else:
+            lines.append(shlex.quote(arg))
+    return " \\\n    ".join(lines)
 
 
 def _cell(text: str) -> str:

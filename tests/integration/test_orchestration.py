@@ -292,7 +292,10 @@ def test_retry_after_a_benchmark_failure_reruns_only_what_failed(prefect_stack, 
     try:
         retry = prefect(prefect_stack, "flow-run", "retry", str(run_id), timeout=120)
         assert retry.returncode == 0, retry.stdout + retry.stderr
-        assert wait_final(prefect_stack, run_id) == "COMPLETED"
+        final = wait_final(prefect_stack, run_id)
+        with client(prefect_stack) as c:
+            assert final == "COMPLETED", (c.read_flow_run(run_id).state.message, task_states(prefect_stack, run_id),
+                                          child_runs(prefect_stack, run_id))
     finally:
         server.stop()
     tasks = task_states(prefect_stack, run_id)
