@@ -181,14 +181,19 @@ def draft_id(cfg: PipelineConfig, inputs: dict[str, str]) -> str:
     return artifact_id("draft", {"train": section, "seed": cfg.seed}, inputs)
 
 
-def wall_phases(start: float, loaded: float, looped: float, trained: float, train_s: float) -> dict[str, Any]:
-    """Where the train step's wall time went (perf_counter marks): `phases_s` with load (target head, vocab,
-    shard lengths, eval set), the lease, the steps themselves (`train_s`: their first ones compile), the rest
-    of the loop (τ_sim evaluation, checkpoints, shard reads, the log) and saving the weights; `wall_s` their
-    sum. The upload in `commit` comes after the manifest is written and is not in it."""
+def wall_phases(start: float, loaded: float, looped: float, trained: float, loop: dict[str, Any]) -> dict[str, Any]:
+    """Where the train step's wall time went (perf_counter marks and the loop's own timers): `phases_s` with
+    load (target head, vocab, shard lengths, eval set), the lease, the steps themselves (`train_s`: their first
+    ones compile), the data (`read_s`: shard reads offline, the target's forward online), τ_sim (`eval_s`),
+    checkpoints, the rest of the loop (batches to the device, the log, the bar) and saving the weights; `wall_s`
+    their sum. The upload in `commit` comes after the manifest is written and is not in it. The loop's timers
+    count a resumed run's earlier calls too (as `train_s` does, for its tok/s); the marks only this call's, so
+    there `loop_other` is short by the earlier calls' share."""
     now = time.perf_counter()
-    phases = {"load": loaded - start, "lease": looped - loaded, "train_steps": train_s,
-              "loop_other": trained - looped - train_s, "save": now - trained}
+    timed = {"train_steps": loop.get("train_s") or 0.0, "data": loop.get("read_s", 0.0),
+             "tau_sim": loop.get("eval_s", 0.0), "checkpoints": loop.get("checkpoint_s", 0.0)}
+    phases = {"load": loaded - start, "lease": looped - loaded, **timed,
+              "loop_other": trained - looped - sum(timed.values()), "save": now - trained}
     return {"phases_s": phases, "wall_s": now - start}
 
 
@@ -224,7 +229,7 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, hidden_id: str, vocab
         for ckpt in writer.staging.glob(f"{CKPT_PREFIX}*"):      # resume state is not part of the artifact
             shutil.rmtree(ckpt)
         writer.path(BEST_FILE).unlink(missing_ok=True)
-        metrics |= wall_phases(start, loaded, looped, trained, metrics.get("train_s") or 0.0)
+        metrics |= wall_phases(start, loaded, looped, trained, metrics)
         writer.commit(metrics=metrics, meta=setup.meta)
     distributed.barrier(world)                                   # the manifest exists for every rank now
     return store.manifest("draft", art_id)

@@ -345,8 +345,10 @@ def test_the_manifest_accounts_for_the_train_steps_wall_time_by_phase(source, tm
     store, ids = fresh_store(source, tmp_path)
     m = run(config(epochs=1), store, **ids)
     phases = m.metrics["phases_s"]
-    assert set(phases) == {"load", "lease", "train_steps", "loop_other", "save"}
+    assert set(phases) == {"load", "lease", "train_steps", "data", "tau_sim", "checkpoints", "loop_other", "save"}
     assert all(v >= 0 for v in phases.values()) and phases["train_steps"] == m.metrics["train_s"]
+    # each timed part is the loop's own timer (the shards were read; this config evaluates no τ_sim)
+    assert phases["data"] == m.metrics["read_s"] > 0 and phases["tau_sim"] == m.metrics["eval_s"]
     assert sum(phases.values()) == pytest.approx(m.metrics["wall_s"], rel=1e-6)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,20 @@ def train_step(tr: Trainer, batch: Batch, *, t: TrainConfig, lr: float) -> dict[
             "grad_norm": grad_norm, "tokens": int(tokens), "positions": int(sum(counts))}
 
 
+#: the loop's timed parts besides the steps themselves (seconds, summed over a resumed run's calls)
+LOOP_TIMERS = ("read_s", "eval_s", "checkpoint_s")
+
+
+@contextmanager
+def timed(state: dict[str, Any], key: str) -> Iterator[None]:
+    """Add the block's wall time to `state[key]` (kept in checkpoints, so a resumed run's total is the run's)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        state[key] = state.get(key, 0.0) + time.perf_counter() - t0
+
+
 def train_loop(t: TrainConfig, s: Setup, staging: Path,
                on_step: Callable[[int, dict[str, Any]], None] | None = None,
                world: distributed.World | None = None) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -112,14 +127,16 @@ def train_loop(t: TrainConfig, s: Setup, staging: Path,
         for step in range(state["step"], total):
             name, rows = s.plan[step]
             if name != shard_name:
-                shard_name, shard = name, s.reader.load(name)
+                with timed(state, "read_s"):     # offline: a shard's read; online: the target's forward over it
+                    shard_name, shard = name, s.reader.load(name)
             batch = rank_batch(shard, rows, t.max_length, world).to(world.device)
             t0 = time.perf_counter()
             lr = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
             rec = {"step": step, **train_step(tr, batch, t=t, lr=lr), "shard": name}
             state["train_s"] += time.perf_counter() - t0
             if s.eval_set is not None and due(step + 1, total, t.eval_every):
-                rec.update(track_best(t, tr, s.eval_set, staging, state, step + 1, num_steps=s.num_steps))
+                with timed(state, "eval_s"):
+                    rec.update(track_best(t, tr, s.eval_set, staging, state, step + 1, num_steps=s.num_steps))
                 best = state["best"]
                 bar.set_note(tau_sim=rec["tau_sim"], best=f"{best['tau_sim']:.3f} @ step {best['step']}")
             state["tokens"] += rec["tokens"]
@@ -130,7 +147,8 @@ def train_loop(t: TrainConfig, s: Setup, staging: Path,
             bar.update(1)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=rec["acc"][0])
             if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0 and step + 1 < total:
-                save_checkpoint(staging, step + 1, tr, state)
+                with timed(state, "checkpoint_s"):
+                    save_checkpoint(staging, step + 1, tr, state)
             if on_step is not None:
                 on_step(step + 1, rec)
     metrics = {**_summary(state, recent, total, len(s.plan), s.reader), "world_size": world.size,
@@ -152,5 +170,5 @@ def _summary(state: dict[str, Any], recent: list[dict[str, Any]], steps: int, pl
     return {"final_loss": sum(r["loss"] for r in recent) / max(1, len(recent)), "acc": acc,
             "steps": steps, "planned_steps": planned, "tokens": state["tokens"],
             "tokens_per_s": state["tokens"] / state["train_s"] if state["train_s"] else None,
-            "train_s": state["train_s"], "shards_read": len(reader.read),
+            "train_s": state["train_s"], **{k: state.get(k, 0.0) for k in LOOP_TIMERS}, "shards_read": len(reader.read),
             "shards_total": len(reader.shards()), "cache_peak_bytes": reader.cache.peak_bytes}
