@@ -259,8 +259,9 @@ def run_report(config_name: str, records: dict[str, dict[str, Any]], *, dataset:
 def _store_line(records: dict[str, dict[str, Any]]) -> list[str]:
     """Where the lineage's artifacts are, said once above the table: every one is `<root>/artifacts/<kind>/<id>`,
     and a URI column made the table wider than the page. A record stored elsewhere keeps its URI in the line."""
-    roots = {r["uri"].removesuffix(f"/artifacts/{r['kind']}/{r['id']}") for r in records.values()}
-    if len(roots) == 1 and all(r["uri"].endswith(f"/artifacts/{r['kind']}/{r['id']}") for r in records.values()):
+    tails = [(r["uri"], f"/artifacts/{r['kind']}/{r['id']}") for r in records.values()]
+    roots = {uri[:-len(tail)] if uri.endswith(tail) else None for uri, tail in tails}
+    if len(roots) == 1 and None not in roots:
         return [f"artifacts under `{shown(roots.pop())}/artifacts/<kind>/<id>`", ""]
     return ["artifacts: " + ", ".join(f"`{shown(r['uri'])}`" for r in records.values()), ""]
 

@@ -99,7 +99,7 @@ def train_step(tr: Trainer, batch: Batch, *, t: TrainConfig, lr: float) -> dict[
             "grad_norm": grad_norm, "tokens": int(tokens), "positions": int(sum(counts))}
 
 
-#: the loop's timed parts besides the steps themselves (seconds, summed over a resumed run's calls)
+#: the loop's timed parts besides the steps themselves (`train_s`; seconds, summed over a resumed run's calls)
 LOOP_TIMERS = ("read_s", "eval_s", "checkpoint_s")
 
 
@@ -130,10 +130,9 @@ def train_loop(t: TrainConfig, s: Setup, staging: Path,
                 with timed(state, "read_s"):     # offline: a shard's read; online: the target's forward over it
                     shard_name, shard = name, s.reader.load(name)
             batch = rank_batch(shard, rows, t.max_length, world).to(world.device)
-            t0 = time.perf_counter()
-            lr = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
-            rec = {"step": step, **train_step(tr, batch, t=t, lr=lr), "shard": name}
-            state["train_s"] += time.perf_counter() - t0
+            with timed(state, "train_s"):
+                lr = lr_at(step, total, lr=t.lr, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio)
+                rec = {"step": step, **train_step(tr, batch, t=t, lr=lr), "shard": name}
             if s.eval_set is not None and due(step + 1, total, t.eval_every):
                 with timed(state, "eval_s"):
                     rec.update(track_best(t, tr, s.eval_set, staging, state, step + 1, num_steps=s.num_steps))
