@@ -77,6 +77,7 @@ def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]])
             "storage_dtype": records["extract"]["meta"].get("storage_dtype") if "extract" in records else "online",
             "two_turn": data.get("two_turn"), "synthetic_kept": data.get("synthetic_kept"),
             "train_tokens": train.get("tokens"), "train_s": train.get("train_s"), "tau_sim": train.get("tau_sim"),
+            "tau_sim_decode": train.get("tau_sim_decode"),
             "epochs": train.get("epochs"), "train_phases_s": train.get("phases_s"),
             "tau": verify["tau"], "tau_interval": verify.get("tau_interval"),
             "tau_turn1": verify.get("tau_turn1"), "tau_turn2": verify.get("tau_turn2"),
@@ -95,13 +96,15 @@ def table(rows: list[dict[str, Any]]) -> str:
         return " / ".join(f"{v:.2f}" for v in values) if values else "–"
 
     head = ("| point | answers | answer tokens | storage | τ MT-bench | per position | τ in-distribution | "
-            "per position | τ_sim | train s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+            "per position | τ_sim (decode walk) | train s |\n|---|---|---|---|---|---|---|---|---|---|\n")
     return head + "\n".join(
         f"| {r['point']} | {r['answers']} | {r['answer_tokens']} | {r['storage_dtype']} | {r['tau']:.3f} | "
         f"{pos(r['per_position_acceptance'])} | "
         f"{r['tau_in_distribution'] if r['tau_in_distribution'] is None else format(r['tau_in_distribution'], '.3f')}"
         f" | {pos(r['per_position_acceptance_in_distribution'])} | "
-        f"{'–' if r['tau_sim'] is None else format(r['tau_sim'], '.3f')} | {r['train_s'] or 0:.1f} |"
+        f"{'–' if r['tau_sim'] is None else format(r['tau_sim'], '.3f')}"
+        f"{'' if r.get('tau_sim_decode') is None else ' ({:.3f})'.format(r['tau_sim_decode'])}"
+        f" | {r['train_s'] or 0:.1f} |"
         for r in rows) + "\n"
 
 

@@ -130,12 +130,12 @@ def hidden_source(cfg: PipelineConfig, store: Store, target_id: str, source_id: 
     if cfg.train.hidden_states == "online":
         ex = cfg.extract
         layer_ids = resolve_aux_layer_ids(cfg, int(tcfg["num_hidden_layers"]))
-        backend = make_backend(cfg, store, target_id, layer_ids, tcfg, device)
+        backend = make_backend(cfg, store, target_id, layer_ids, tcfg, device, keep_on_device=True)
         return OnlineSource(backend, read_sequences(store, source_id, ex.max_length), ex.shard_tokens,
                             ex.batch_size, ex.storage_dtype, layer_ids), layer_ids
     hidden = store.manifest("hidden", source_id)
     budget = cfg.train.cache_budget or cfg.extract.disk_budget_bytes
-    return ShardReader(store, hidden, int(budget)), list(hidden.meta["layer_ids"])
+    return ShardReader(store, hidden, int(budget), device), list(hidden.meta["layer_ids"])
 
 
 def prepare(cfg: PipelineConfig, store: Store, target_id: str, source_id: str, vocab_id: str,

@@ -175,3 +175,28 @@ def test_training_batches_decode_fp8_shards(tmp_path):
     rel = (batch.aux[0] - aux).norm(dim=-1) / aux.norm(dim=-1)
     assert 0 < rel.max() <= 2**-4
     assert torch.allclose(batch.final[0], final, rtol=2**-4, atol=1e-6)
+
+
+def test_a_batch_gathers_each_sequence_in_place_and_pads_with_zeros(tmp_path):
+    """make_batch's one gather per tensor: rows packed in plan order, doc/pos per sequence, padding zero."""
+    from steps.lib.training.plan import make_batch
+
+    ids, masks, aux, final = _sequences([7, 5, 9])
+    aux, final = aux.bfloat16().float(), final.bfloat16().float()        # what a bf16 shard holds, exactly
+    write_shard(tmp_path / "s.safetensors", ids, masks, aux, final, layer_ids=LAYER_IDS)
+    batch = make_batch(read_shard(tmp_path / "s.safetensors"), [[(2, 9), (0, 3)], [(1, 5)]], max_length=16)
+    assert batch.input_ids.shape == (2, 12)                            # as long as the fullest row
+    starts = {0: 0, 1: 7, 2: 12}
+    for r, row in enumerate([[(2, 9), (0, 3)], [(1, 5)]]):
+        at = 0
+        for d, (seq, n) in enumerate(row):
+            src = slice(starts[seq], starts[seq] + n)
+            assert batch.input_ids[r, at:at + n].tolist() == ids[seq][:n]
+            assert batch.loss_mask[r, at:at + n].tolist() == [bool(m) for m in masks[seq][:n]]
+            assert torch.equal(batch.aux[r, at:at + n], aux[src]) and torch.equal(batch.final[r, at:at + n], final[src])
+            assert batch.doc[r, at:at + n].tolist() == [d] * n and batch.pos[r, at:at + n].tolist() == list(range(n))
+            at += n
+        pad = slice(at, None)
+        assert (batch.doc[r, pad] == -1).all() and not batch.loss_mask[r, pad].any()
+        assert not batch.input_ids[r, pad].any() and not batch.aux[r, pad].any() and not batch.final[r, pad].any()
+    assert batch.tokens == 17

@@ -65,21 +65,32 @@ def test_tau_sim_equals_the_engines_chain_drafting_round_by_round(source, tmp_pa
     name, rows = setup.plan[0]
     shard = setup.reader.load(name)
     batch = make_batch(shard, [rows[0][:1]], 64)                  # one sequence
-    sim = simulated_acceptance(setup.model.eval(), batch, k)
+    sim, walked = simulated_acceptance(setup.model.eval(), batch, k)
     target = LlamaForCausalLM.from_pretrained(target_dir(store, ids["target_id"])).eval()
     engine = Engine(target, None, setup.model, layer_ids=LAYER_IDS, num_steps=k)
     x, feats = batch.input_ids[0].tolist(), batch.aux[0]
     starts = loss_positions(batch, torch.ones_like(setup.model.t2d), k)[0][0].nonzero().flatten().tolist()
-    hist = [0] * (k + 1)
-    for p in starts:                     # engine round at n = p + 1: it has consumed x[0..p], proposes x[p+1]
+
+    def engine_round(p: int) -> int:     # engine round at n = p + 1: it has consumed x[0..p], proposes x[p+1]
         n = p + 1
         drafts = engine.draft_chain(_State(x=x[:n + 1], target_cache=None, feats=feats[:n]))
         truth = x[n + 1:n + 1 + k]
-        a = int(accepted_prefix(torch.tensor(drafts[:len(truth)]) == torch.tensor(truth)))
-        hist[a] += 1
+        return int(accepted_prefix(torch.tensor(drafts[:len(truth)]) == torch.tensor(truth)))
+
+    hist = [0] * (k + 1)
+    for p in starts:
+        hist[engine_round(p)] += 1
     assert sum(hist) == sim.verify_steps == len(starts)
     assert hist == sim.histogram, (hist, sim.histogram)
     assert sim.histogram[1] and sum(sim.histogram[2:])   # not two all-zero histograms: chains accepted too
+    # the decode walk: the engine decoding the span, its first token the target's, each round a + 1 tokens on
+    assert starts == list(range(starts[0], starts[-1] + 1))       # one assistant span
+    decoded, p = [0] * (k + 1), starts[0] + 1
+    while p <= starts[-1]:
+        a = engine_round(p)
+        decoded[a] += 1
+        p += a + 1
+    assert decoded == walked.histogram and walked.verify_steps < sim.verify_steps, (decoded, walked.histogram)
 
 
 def test_the_best_checkpoint_is_exported_and_the_log_manifest_and_progress_carry_tau_sim(source, tmp_path):  # noqa: F811
@@ -96,6 +107,7 @@ def test_the_best_checkpoint_is_exported_and_the_log_manifest_and_progress_carry
     assert [r["step"] + 1 for r in evals] == sorted({*range(5, steps + 1, 5), steps})
     best = max(evals, key=lambda r: r["tau_sim"])              # the first of equal ones
     assert m.metrics["tau_sim"] == m.metrics["tau_sim_best"] == best["tau_sim"]
+    assert m.metrics["tau_sim_decode"] == best["tau_sim_decode"] and 0 < best["rounds_sim_decode"] < best["rounds_sim"]
     assert m.metrics["exported_step"] == m.metrics["best_step"] == best["step"] + 1
     assert m.metrics["tau_sim_last"] == evals[-1]["tau_sim"]
     assert all(1.0 <= r["tau_sim"] <= 5.0 and len(r["per_position_sim"]) == cfg_k for r in evals)

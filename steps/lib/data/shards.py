@@ -178,8 +178,9 @@ def save_sorted(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str
                 f.write(t.view(-1).view(torch.uint8).numpy().data)
 
 
-def read_shard(path: str | Path) -> dict[str, Any]:
-    """Tensors of a shard with float32 `aux_hidden` / `final_hidden`, plus its metadata.
+def read_shard(path: str | Path, device: torch.device | None = None) -> dict[str, Any]:
+    """Tensors of a shard with float32 `aux_hidden` / `final_hidden`, plus its metadata; with `device`, the
+    stored tensors go there before they are decoded (a GPU receives bf16 or fp8 bytes, not float32).
 
     Keys: input_ids, loss_mask, cu_seqlens, aux_hidden, final_hidden (tensors) and
     layer_ids (list[int], internal convention), hidden_size (int), dtype (str, the storage dtype).
@@ -187,6 +188,8 @@ def read_shard(path: str | Path) -> dict[str, Any]:
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         raw = {k: f.get_tensor(k) for k in f.keys()}
+    if device is not None:          # the offsets stay on the host: batches are planned there
+        raw = {k: v if k == "cu_seqlens" else v.to(device) for k, v in raw.items()}
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not an eaglenest hidden-state shard (metadata format="
                          f"{meta.get('format')!r}, expected {FORMAT!r}); re-run extract")

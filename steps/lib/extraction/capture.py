@@ -38,7 +38,8 @@ HOST_SLOTS = 2
 
 
 class Pending:
-    """One captured batch: `host` holds flat rows `[N, W]` per stored tensor (`aux_hidden`,
+    """One captured batch: `host` holds flat rows `[N, W]` per stored tensor (on the device instead from a
+    backend that keeps its states there, as online training's does) (`aux_hidden`,
     `final_hidden`, fp8: `aux_scale`, `final_scale`), sequence k at rows `spans[k]` = (start, length).
     `wait()` blocks until the rows have landed; `release()` hands the host buffers back to the backend
     (call it once the rows are copied out; the next batches reuse the memory)."""
@@ -132,8 +133,11 @@ class LocalBackend:
     [B, S, vocab] logits are never computed either.
     """
 
-    def __init__(self, model: torch.nn.Module, layer_ids: list[int], *, pad_token_id: int = 0):
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int], *, pad_token_id: int = 0,
+                 keep_on_device: bool = False):
         self.model, self.layer_ids, self.pad = model.eval(), list(layer_ids), pad_token_id
+        # online training reads the states where they were computed: no copy to the host and back
+        self.keep_on_device = keep_on_device
         self.base = model.base_model
         self.device = next(model.parameters()).device
         self._seen: dict[Any, torch.Tensor] = {}
@@ -193,8 +197,8 @@ class LocalBackend:
         aux, final, lengths = self._forward(batch_input_ids)
         states = encode_states(aux, final, storage_dtype)                 # on the device (fp8: half the copy)
         width = aux.shape[1]
-        return self._to_host.send({k: v.flatten(0, 1) for k, v in states.items()},
-                                  [(b * width, n) for b, n in enumerate(lengths)])
+        flat, spans = {k: v.flatten(0, 1) for k, v in states.items()}, [(b * width, n) for b, n in enumerate(lengths)]
+        return Pending(flat, spans) if self.keep_on_device else self._to_host.send(flat, spans)
 
 
 def aux_server_args(layer_ids: list[int], arch: str | None = None) -> list[str]:
@@ -398,8 +402,10 @@ class SGLangBackend:
 
 
 def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: list[int],
-                 tcfg: dict[str, Any], device: torch.device | None = None) -> CaptureBackend:
-    """The SGLang client, or the target loaded on `device` (default: the first GPU, else the CPU)."""
+                 tcfg: dict[str, Any], device: torch.device | None = None, *,
+                 keep_on_device: bool = False) -> CaptureBackend:
+    """The SGLang client, or the target loaded on `device` (default: the first GPU, else the CPU); with
+    `keep_on_device` the local target's captured states stay on its device (online training)."""
     if cfg.extract.backend == "sglang":
         backend = SGLangBackend(str(cfg.extract.server_url), cfg.extract.final_server_url,
                                 layer_ids, hidden_size=tcfg["hidden_size"],
@@ -410,4 +416,5 @@ def make_backend(cfg: PipelineConfig, store: Store, target_id: str, layer_ids: l
     device = device or torch.device(inference_device())
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model, tokenizer = load_target(store, target_id, device=str(device), dtype=dtype)
-    return LocalBackend(model, layer_ids, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0)
+    return LocalBackend(model, layer_ids, pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+                        keep_on_device=keep_on_device)

@@ -12,9 +12,14 @@ one simulated verify round. The draft runs the same training-time-test unroll it
 target id at step j is compared with x[p+2+j]. The data is regenerated greedily by the target, so
 x[p+2+j] is the target's argmax there and, while every earlier draft was accepted, x[p+1+j] is what
 the engine would have fed. The accepted count of a round is `steps.lib.metrics.accepted_prefix` — the
-rule the reference engine verifies with — and τ comes from `AcceptStats`, as verify's does. Rounds
-start at every assistant position rather than every (a+1)-th, so τ_sim estimates the same mean with
-more rounds; a chain running past the end of its assistant span stops there (a lower bound).
+rule the reference engine verifies with — and τ comes from `AcceptStats`, as verify's does. A chain
+running past the end of its assistant span stops there (a lower bound).
+
+Two means of those rounds are reported. `tau_sim` starts a round at every assistant position: the most
+rounds, the steadiest figure, so the best checkpoint is chosen by it. `tau_sim_decode` keeps the rounds a
+decoder would run (`decode_walk`: from a span's second token, each round a + 1 tokens on), which is what
+verify counts on such data: a run of easy tokens is one round to a decoder but one round per position to
+`tau_sim`, so where acceptance varies along a span `tau_sim` is the higher of the two.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from steps.lib.config import TrainConfig
 from steps.lib.data.shards import save_sorted
@@ -77,9 +83,31 @@ def load_eval_set(reader: ShardReader, shard_lengths: dict[str, list[int]], held
     return EvalSet(batches)
 
 
+def decode_walk(starts: Tensor, accepted: Tensor) -> Tensor:
+    """bool [B, L]: the rounds a decoder would run over each assistant span, given every position's accepted
+    count. `starts` marks the positions a round can start at (x[p+2] an assistant token), a run of them one
+    span; the target writes a span's first token itself, so the first round starts one position in, and a
+    round accepting a drafts moves the next start a + 1 positions on (the bonus token included)."""
+    walk = torch.zeros_like(starts)
+    for b, (row, acc) in enumerate(zip(starts.tolist(), accepted.tolist(), strict=True)):
+        p, length = 0, len(row)
+        while p < length:
+            if not row[p]:
+                p += 1
+                continue
+            q = p + 1                                   # the span's first token is the target's own
+            while q < length and row[q]:
+                walk[b, q] = True
+                q += acc[q] + 1
+            while p < length and row[p]:                # past the span
+                p += 1
+    return walk
+
+
 @torch.no_grad()
-def simulated_acceptance(model: Eagle3Draft, batch: Batch, num_steps: int) -> AcceptStats:
-    """Teacher-forced accept counts of every round a batch holds (see the module docstring)."""
+def simulated_acceptance(model: Eagle3Draft, batch: Batch, num_steps: int) -> tuple[AcceptStats, AcceptStats]:
+    """Teacher-forced accept counts of every round a batch holds (see the module docstring) -> (every
+    position's round, the rounds of a decode walk over each span: `decode_walk`)."""
     # in_span[j][b, p]: x[p+2+j] is an assistant token of p's sequence (no draft-vocab condition: a token
     # outside the draft vocab is simply never matched)
     in_span = loss_positions(batch, torch.ones_like(model.t2d), num_steps)
@@ -92,19 +120,26 @@ def simulated_acceptance(model: Eagle3Draft, batch: Batch, num_steps: int) -> Ac
             drafted = model.draft_to_target(model.compute_logits(out[b, lay.inv[b, p]]).argmax(-1))
             ok[b, p] = drafted == batch.input_ids[b, (p + 2 + j).clamp(max=length - 1)]
         match.append(ok)
-    rounds = accepted_prefix(torch.stack(match, -1))[in_span[0]]
-    return AcceptStats(num_steps, torch.bincount(rounds, minlength=num_steps + 1).tolist())
+    accepted = accepted_prefix(torch.stack(match, -1))
+    walk = decode_walk(in_span[0].cpu(), accepted.cpu()).to(accepted.device)
+    stats = [AcceptStats(num_steps, torch.bincount(accepted[m], minlength=num_steps + 1).tolist())
+             for m in (in_span[0], walk)]
+    return stats[0], stats[1]
 
 
 def evaluate(model: Eagle3Draft, eval_set: EvalSet, num_steps: int) -> dict[str, Any]:
     """τ_sim and per-position acceptance of the held-out split (the draft left in training mode after)."""
     was_training = model.training
     model.eval()
-    total = AcceptStats(num_steps)
+    every, walked = AcceptStats(num_steps), AcceptStats(num_steps)
     for batch in eval_set.batches:
-        total.merge(simulated_acceptance(model, batch.to(model.d2t.device), num_steps))
+        a, w = simulated_acceptance(model, batch.to(model.d2t.device), num_steps)
+        every.merge(a)
+        walked.merge(w)
     model.train(was_training)
-    return {"tau_sim": total.tau, "per_position_sim": total.per_position, "rounds_sim": total.verify_steps}
+    return {"tau_sim": every.tau, "per_position_sim": every.per_position, "rounds_sim": every.verify_steps,
+            "tau_sim_decode": walked.tau, "per_position_sim_decode": walked.per_position,
+            "rounds_sim_decode": walked.verify_steps}
 
 
 def due(step: int, total: int, every: int) -> bool:
@@ -123,9 +158,9 @@ def track_best(t: TrainConfig, tr: Trainer, eval_set: EvalSet, staging: Path, st
     (checkpointed with it) and, with `train.keep_best`, its weights written to `staging/BEST_FILE`.
     -> the evaluation's fields for the training log."""
     ev = evaluate(tr.draft, eval_set, num_steps)
-    state["last_eval"] = {"step": step, "tau_sim": ev["tau_sim"]}
+    state["last_eval"] = {"step": step, "tau_sim": ev["tau_sim"], "tau_sim_decode": ev["tau_sim_decode"]}
     if better(ev["tau_sim"], state.get("best")):
-        state["best"] = {"step": step, "tau_sim": ev["tau_sim"]}
+        state["best"] = dict(state["last_eval"])
         if t.keep_best:
             weights = fp32_state(distributed.full_state(tr.draft)[0])   # collective under FSDP
             if tr.world.is_main:
@@ -140,5 +175,6 @@ def exported_checkpoint(t: TrainConfig, staging: Path, state: dict[str, Any]) ->
     if best is None or last is None:
         return {}
     pick = best if t.keep_best and (staging / BEST_FILE).is_file() else last
-    return {"tau_sim": pick["tau_sim"], "exported_step": pick["step"], "tau_sim_best": best["tau_sim"],
+    return {"tau_sim": pick["tau_sim"], "tau_sim_decode": pick.get("tau_sim_decode"),   # None: an older checkpoint's
+            "exported_step": pick["step"], "tau_sim_best": best["tau_sim"],
             "best_step": best["step"], "tau_sim_last": last["tau_sim"]}

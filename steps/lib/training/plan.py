@@ -100,31 +100,39 @@ def build_plan(shard_lengths: dict[str, list[int]], *, epochs: float, seed: int,
 
 
 def make_batch(shard: dict[str, Any], rows: list[list[tuple[int, int]]], max_length: int) -> Batch:
-    """Rows of packed sequences, as long as the fullest row (a shard's last batch is often short)."""
+    """Rows of packed sequences, as long as the fullest row (a shard's last batch is often short), built on
+    the shard's device: each tensor is one concatenation of the sequences' slices and the rows' zero padding,
+    so a shard kept on the GPU makes its batches there (no float32 batch built on the host and copied each
+    step) and a host shard is copied once, with nothing zero-filled first."""
     cu = shard["cu_seqlens"].tolist()
-    max_length = min(max_length, max(sum(n for _, n in row) for row in rows))
-    b, a, h = len(rows), shard["aux_hidden"].shape[-1], shard["final_hidden"].shape[-1]
-    ids = torch.zeros(b, max_length, dtype=torch.int64)
-    mask = torch.zeros(b, max_length, dtype=torch.bool)
-    doc = torch.full((b, max_length), -1, dtype=torch.int64)
-    pos = torch.zeros(b, max_length, dtype=torch.int64)
-    aux, final = torch.zeros(b, max_length, a), torch.zeros(b, max_length, h)
+    length = min(max_length, max(sum(n for _, n in row) for row in rows))
+    spans = []                                    # (start in the shard, length) per piece; start None: padding
+    doc = torch.full((len(rows), length), -1, dtype=torch.int64)
+    pos = torch.zeros_like(doc)
     for r, row in enumerate(rows):
         at = 0
         for d, (seq, n) in enumerate(row):
-            src = slice(cu[seq], cu[seq] + n)
-            ids[r, at:at + n], mask[r, at:at + n] = shard["input_ids"][src], shard["loss_mask"][src].bool()
-            aux[r, at:at + n], final[r, at:at + n] = shard["aux_hidden"][src], shard["final_hidden"][src]
+            spans.append((cu[seq], n))
             doc[r, at:at + n], pos[r, at:at + n] = d, torch.arange(n)
             at += n
-    return Batch(ids, mask, doc, pos, aux, final)
+        if at < length:
+            spans.append((None, length - at))
+    device = shard["aux_hidden"].device
+
+    def rows_of(flat: Tensor) -> Tensor:
+        pieces = [flat[a:a + n] if a is not None else flat.new_zeros(n, *flat.shape[1:]) for a, n in spans]
+        return torch.cat(pieces).view(len(rows), length, *flat.shape[1:]).to(device)
+
+    return Batch(rows_of(shard["input_ids"]), rows_of(shard["loss_mask"]).bool(), doc.to(device), pos.to(device),
+                 rows_of(shard["aux_hidden"]), rows_of(shard["final_hidden"]))
 
 
 class ShardReader:
     """Shards of a hidden artifact through a bounded local cache; counts what it read."""
 
-    def __init__(self, store: Store, hidden: Manifest, budget_bytes: int):
+    def __init__(self, store: Store, hidden: Manifest, budget_bytes: int, device: torch.device | None = None):
         self.store, self.hidden, self.cache = store, hidden, LocalCache(budget_bytes)
+        self.device = device            # where a loaded shard's tensors live (and its batches are built)
         self.read: set[str] = set()
 
     def local(self, rel: str) -> Path:
@@ -142,7 +150,7 @@ class ShardReader:
 
     def load(self, rel: str) -> dict[str, Any]:
         self.read.add(rel)
-        return read_shard(self.local(rel))
+        return read_shard(self.local(rel), self.device)
 
 
 def rank_batch(shard: dict[str, Any], rows: list[list[tuple[int, int]]], max_length: int,
