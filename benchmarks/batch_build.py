@@ -6,7 +6,7 @@ batches of 8 rows × 1,024 tokens packed from two-turn-sized sequences (300-700 
 
 Prints ms per batch for each place the shard can live: `host` (built on the CPU, then copied to the
 training device: what train did for every step before 2026-12-04) and, on a GPU, `device` (the shard
-decoded on the GPU, the batch gathered there: what train does now). A copy of this file inside another
+decoded on the GPU, the batch built there: what train does now). A copy of this file inside another
 checkout times that checkout's make_batch (it imports the checkout it sits in): benchmarks/README.md.
 """
 
@@ -43,11 +43,10 @@ def synthetic_shard(device: torch.device, seed: int = 0) -> dict[str, torch.Tens
 
 def time_batches(shard: dict[str, torch.Tensor], batches: int, train_device: torch.device) -> float:
     """ms per batch, from the plan's rows to a Batch on `train_device` (as the training loop does)."""
-    from steps.lib.training.plan import build_plan
+    from steps.lib.training.plan import build_plan, make_batch
 
     lengths = shard["cu_seqlens"].diff().tolist()
     plan = build_plan({"s": lengths}, epochs=4, seed=0, max_length=MAX_LENGTH, rows_per_batch=ROWS)[:batches]
-    from steps.lib.training.plan import make_batch
     sync = torch.cuda.synchronize if train_device.type == "cuda" else (lambda: None)
     make_batch(shard, plan[0][1], MAX_LENGTH).to(train_device)       # warm-up
     sync()

@@ -178,7 +178,7 @@ def test_training_batches_decode_fp8_shards(tmp_path):
 
 
 def test_a_batch_gathers_each_sequence_in_place_and_pads_with_zeros(tmp_path):
-    """make_batch's one gather per tensor: rows packed in plan order, doc/pos per sequence, padding zero."""
+    """make_batch's one concatenation per tensor: rows packed in plan order, doc/pos per sequence, padding zero."""
     from steps.lib.training.plan import make_batch
 
     ids, masks, aux, final = _sequences([7, 5, 9])

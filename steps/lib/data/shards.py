@@ -188,11 +188,11 @@ def read_shard(path: str | Path, device: torch.device | None = None) -> dict[str
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         raw = {k: f.get_tensor(k) for k in f.keys()}
-    if device is not None:          # the offsets stay on the host: batches are planned there
-        raw = {k: v if k == "cu_seqlens" else v.to(device) for k, v in raw.items()}
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not an eaglenest hidden-state shard (metadata format="
                          f"{meta.get('format')!r}, expected {FORMAT!r}); re-run extract")
+    if device is not None:          # the offsets stay on the host: batches are planned there
+        raw = {k: v if k == "cu_seqlens" else v.to(device) for k, v in raw.items()}
     return {
         "input_ids": raw["input_ids"], "loss_mask": raw["loss_mask"], "cu_seqlens": raw["cu_seqlens"],
         **decode_states(raw),

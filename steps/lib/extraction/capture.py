@@ -38,9 +38,9 @@ HOST_SLOTS = 2
 
 
 class Pending:
-    """One captured batch: `host` holds flat rows `[N, W]` per stored tensor (on the device instead from a
-    backend that keeps its states there, as online training's does) (`aux_hidden`,
-    `final_hidden`, fp8: `aux_scale`, `final_scale`), sequence k at rows `spans[k]` = (start, length).
+    """One captured batch: `host` holds flat rows `[N, W]` per stored tensor (`aux_hidden`, `final_hidden`,
+    fp8: `aux_scale`, `final_scale`), sequence k at rows `spans[k]` = (start, length); from a backend made
+    with `keep_on_device` (online training's) the rows are still on the device.
     `wait()` blocks until the rows have landed; `release()` hands the host buffers back to the backend
     (call it once the rows are copied out; the next batches reuse the memory)."""
 

@@ -88,20 +88,18 @@ def decode_walk(starts: Tensor, accepted: Tensor) -> Tensor:
     count. `starts` marks the positions a round can start at (x[p+2] an assistant token), a run of them one
     span; the target writes a span's first token itself, so the first round starts one position in, and a
     round accepting a drafts moves the next start a + 1 positions on (the bonus token included)."""
-    walk = torch.zeros_like(starts)
-    for b, (row, acc) in enumerate(zip(starts.tolist(), accepted.tolist(), strict=True)):
-        p, length = 0, len(row)
-        while p < length:
-            if not row[p]:
-                p += 1
-                continue
-            q = p + 1                                   # the span's first token is the target's own
-            while q < length and row[q]:
-                walk[b, q] = True
-                q += acc[q] + 1
-            while p < length and row[p]:                # past the span
-                p += 1
-    return walk
+    walk = []
+    for row, acc in zip(starts.tolist(), accepted.tolist(), strict=True):
+        marks, inside, round_at = [], False, -1
+        for p, (ok, a) in enumerate(zip(row, acc, strict=True)):
+            if ok and not inside:
+                round_at = p + 1                        # the span's first token is the target's own
+            inside = ok
+            marks.append(ok and p == round_at)
+            if marks[-1]:
+                round_at = p + a + 1
+        walk.append(marks)
+    return torch.tensor(walk, dtype=torch.bool).view_as(starts)
 
 
 @torch.no_grad()
@@ -122,9 +120,9 @@ def simulated_acceptance(model: Eagle3Draft, batch: Batch, num_steps: int) -> tu
         match.append(ok)
     accepted = accepted_prefix(torch.stack(match, -1))
     walk = decode_walk(in_span[0].cpu(), accepted.cpu()).to(accepted.device)
-    stats = [AcceptStats(num_steps, torch.bincount(accepted[m], minlength=num_steps + 1).tolist())
-             for m in (in_span[0], walk)]
-    return stats[0], stats[1]
+    every, walked = (AcceptStats(num_steps, torch.bincount(accepted[m], minlength=num_steps + 1).tolist())
+                     for m in (in_span[0], walk))
+    return every, walked
 
 
 def evaluate(model: Eagle3Draft, eval_set: EvalSet, num_steps: int) -> dict[str, Any]:

@@ -7,7 +7,7 @@ same shards: the dataset cut into the shards extract would write (`steps/lib/ext
 captured in extract's batches by extract's backend (`steps/lib/extraction/capture.py`), and taken
 through the storage dtype's round trip (`encode_states` → `decode_states`), so an online batch equals
 the offline batch bit for bit on the same device. A local target's states never leave its device: the
-round trip and the batches run there (`keep_on_device`; `make_batch` gathers on the shard's device).
+round trip and the batches run there (`keep_on_device`; `make_batch` builds on the shard's device).
 Memory: one shard's float32 states, as offline.
 Offline stays the choice for repeated retraining on the same data and for a target that needs GPUs
 of its own (docs/PERFORMANCE.md).
@@ -68,8 +68,8 @@ class OnlineSource:
         stored = {name: torch.cat([r[name] for r in rows]) for name in rows[0]}
         device = stored["final_hidden"].device      # the target's, with a local backend: batches are built there
         lengths = [len(s["input_ids"]) for s in seqs]
-        return {"input_ids": torch.tensor([t for s in seqs for t in s["input_ids"]], dtype=torch.int64).to(device),
-                "loss_mask": torch.tensor([t for s in seqs for t in s["loss_mask"]], dtype=torch.uint8).to(device),
+        return {"input_ids": torch.tensor([t for s in seqs for t in s["input_ids"]], dtype=torch.int64, device=device),
+                "loss_mask": torch.tensor([t for s in seqs for t in s["loss_mask"]], dtype=torch.uint8, device=device),
                 "cu_seqlens": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64),
                 **decode_states(stored), "layer_ids": list(self.layer_ids),
                 "hidden_size": int(stored["final_hidden"].shape[-1]), "dtype": self.storage_dtype}
