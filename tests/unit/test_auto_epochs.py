@@ -26,6 +26,6 @@ def test_epochs_auto_is_accepted_and_a_number_stays_the_default():
 
 def test_auto_epochs_plans_that_many_passes():
     lengths = {"a": [100] * 40}
-    plan = build_plan(lengths, epochs=auto_epochs(AUTO_EPOCH_TOKENS // 3), seed=0, max_length=100,
+    plan = build_plan(lengths, epochs=auto_epochs(AUTO_EPOCH_TOKENS // 4), seed=0, max_length=100,
                       rows_per_batch=1)
-    assert len(plan) == 3 * 40
+    assert len(plan) == 4 * 40

@@ -62,10 +62,11 @@ def pack(lengths: list[int], order: list[int], max_length: int) -> list[list[tup
 
 
 #: `train.epochs: auto` trains this many tokens in all, in 2 to 12 passes over the data (benchmarks/README.md,
-#: issue 23's curve on SmolLM2-135M at 1.92M sequence tokens: τ rose at 3, 6 and 12 epochs, 1.56 → 1.65 →
-#: 1.72, ~23M tokens trained at the best; peers train ~500k samples for 2–3 epochs; beyond 12 passes the
-#: CPU demo's small data overfits, and τ can peak and fall, which train.keep_best guards).
-AUTO_EPOCH_TOKENS = 24_000_000
+#: issue 23's curves on SmolLM2-135M: at 1.92M sequence tokens τ rose at 3, 6 and 12 epochs; at 5.5M (10k
+#: written two-turn prompts) 16.5M trained tokens gave MT-bench τ 2.146 at 3/1/4 and 44M gave 2.429, τ_sim
+#: still rising at the end; peers train ~500k samples for 2–3 epochs; beyond 12 passes the CPU demo's small
+#: data overfits, and τ can peak and fall, which train.keep_best guards).
+AUTO_EPOCH_TOKENS = 44_000_000
 AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 2.0, 12.0
 
 
