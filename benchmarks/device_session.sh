@@ -10,6 +10,8 @@
 #                   bash benchmarks/device_session.sh wait 540
 #   call 3..:     carry [.whl]:              bash benchmarks/device_session.sh wait 540
 #
+# `CURVE_SET=OVERRIDE` adds one `--set` to every point of a launch (an override with commas, which a point's
+# own list cannot hold: `CURVE_SET='dataset.sources=[{kind: synthetic, count: 20000}, topics]' … launch …`).
 # `launch` starts the first point at once and the others when the first one's vocab map exists (they share
 # its target, dataset and map by artifact id, so datagen runs once), each in its own process session (setsid),
 # so the points go on training between calls; the machine stays held while calls follow each other within
@@ -59,7 +61,8 @@ launch)     # launch CONFIG NAME=OVERRIDES...: the first point now, the rest onc
     first=1
     for point in "$@"; do
         name=${point%%=*}
-        cmd=("${PYTHON:-python3}" benchmarks/tau_curve.py --config "$config" --store "$STORE" --out "$DEV/curve-$name" --point "$point")
+        cmd=("${PYTHON:-python3}" benchmarks/tau_curve.py --config "$config" --store "$STORE" --out "$DEV/curve-$name"
+             ${CURVE_SET:+--set "$CURVE_SET"} --point "$point")
         if (( first )); then
             setsid nohup "${cmd[@]}" > "$DEV/logs/$name.log" 2>&1 < /dev/null &
             first=0
