@@ -63,13 +63,13 @@ from steps.lib.store import Manifest, Store, artifact_id
 from steps.lib.training.checkpoint import BEST_FILE, CKPT_PREFIX
 from steps.lib.training.evaluate import held_out, load_eval_set
 from steps.lib.training.loop import Setup, train_loop
-from steps.lib.training.online import OnlineSource
+from steps.lib.training.online import KeptShards, OnlineSource
 from steps.lib.training.plan import ShardReader, auto_epochs, build_plan
 from steps.registry import step_main
 
 #: train fields that change how the work is spread over GPUs, not what is learned: the same draft
 #: id at any world size (the loss curve is the same within float tolerance).
-NOT_IN_ID = ("parallel", "fsdp_min_params")
+NOT_IN_ID = ("parallel", "fsdp_min_params", "online_memory")
 
 
 # --- inputs: target head, draft shape -----------------------------------------------------------------
@@ -132,7 +132,8 @@ def hidden_source(cfg: PipelineConfig, store: Store, target_id: str, source_id: 
         layer_ids = resolve_aux_layer_ids(cfg, int(tcfg["num_hidden_layers"]))
         backend = make_backend(cfg, store, target_id, layer_ids, tcfg, device, keep_on_device=True)
         return OnlineSource(backend, read_sequences(store, source_id, ex.max_length), ex.shard_tokens,
-                            ex.batch_size, ex.storage_dtype, layer_ids), layer_ids
+                            ex.batch_size, ex.storage_dtype, layer_ids,
+                            cache=KeptShards(int(cfg.train.online_memory))), layer_ids
     hidden = store.manifest("hidden", source_id)
     budget = cfg.train.cache_budget or cfg.extract.disk_budget_bytes
     return ShardReader(store, hidden, int(budget), device), list(hidden.meta["layer_ids"])

@@ -48,12 +48,12 @@ def make_inputs(root: Path) -> None:
     w.commit(meta={"target_vocab": 300})
 
 
-def config(hidden_states: str):
+def config(hidden_states: str, online_memory: int | str = 0):
     return parse_config({"name": "o", "target": {"source": "tiny"}, "mapping": {"draft_vocab_size": 96},
                          "extract": {"aux_layer_ids": LAYER_IDS, "shard_tokens": 200, "batch_size": 4},
                          "train": {"hidden_states": hidden_states, "ttt_steps": 3, "lr": 3e-3, "epochs": 2,
                                    "batch_tokens": 128, "max_length": 64, "checkpoint_every": 3,
-                                   "eval_every": 0, "device": "cpu"}})
+                                   "eval_every": 0, "device": "cpu", "online_memory": online_memory}})
 
 
 def log_of(root: Path, draft_id: str) -> list[dict]:
@@ -95,6 +95,36 @@ def test_online_training_gives_the_offline_loss_curve_bit_for_bit_and_stores_no_
     assert m.inputs == {"target": IDS["target"], "dataset": IDS["dataset"], "vocab": IDS["vocab"]}
     assert not (root / "artifacts/hidden").exists()
     assert m.metrics["shards_total"] == offline["manifest"].metrics["shards_total"] >= 2
+
+
+@pytest.mark.parametrize("memory", ["1GB", "40kB"])
+def test_shards_kept_in_memory_skip_the_targets_forward_and_give_the_same_loss_curve(src, offline, tmp_path,
+                                                                                     memory):
+    root = tmp_path / "store"
+    shutil.copytree(src, root)
+    m = train(config("online", memory), open_store(f"file://{root}"), IDS["target"], IDS["dataset"], IDS["vocab"])
+    assert m.id == train_id_without_memory(src, tmp_path)          # how states are kept is not in the id
+    assert [r["loss"] for r in log_of(root, m.id)] == [r["loss"] for r in offline["log"]]
+    shards, loads = m.metrics["shards_total"], len(log_of(root, m.id))
+    kept = m.metrics["cache_peak_bytes"]
+    if memory == "1GB":            # every shard kept: the target ran once over each, not once per epoch
+        assert m.metrics["shards_computed"] == shards and kept > 0
+    else:                          # a budget for some shards: those computed once, the rest every epoch
+        assert 0 < kept <= 40_000 and shards < m.metrics["shards_computed"] < 2 * shards <= loads
+
+
+def train_id_without_memory(src: Path, tmp_path: Path) -> str:
+    from steps.train import draft_id
+    inputs = {"target": IDS["target"], "dataset": IDS["dataset"], "vocab": IDS["vocab"]}
+    return draft_id(config("online"), inputs)
+
+
+def test_online_without_kept_shards_runs_the_target_over_every_shard_of_every_epoch(src, tmp_path):
+    root = tmp_path / "store"
+    shutil.copytree(src, root)
+    m = train(config("online"), open_store(f"file://{root}"), IDS["target"], IDS["dataset"], IDS["vocab"])
+    assert m.metrics["cache_peak_bytes"] == 0
+    assert m.metrics["shards_computed"] >= 2 * m.metrics["shards_total"]       # two epochs, nothing kept
 
 
 def test_a_killed_online_run_resumes_from_its_checkpoint_to_the_uninterrupted_weights(src, offline, tmp_path):

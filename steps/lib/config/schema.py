@@ -300,6 +300,11 @@ class TrainConfig(Section):
     #: wrote (extract once, retrain many times); `online` runs the target inside the training job on the
     #: same device(s), nothing stored. Not part of the draft's id at its default (existing ids unchanged).
     hidden_states: Literal["offline", "online"] = "offline"
+    #: online: bytes of computed shards (in extract.storage_dtype) kept on the training device, first come
+    #: first kept, so later epochs skip the target's forward over them (10k two-turn SmolLM2 prompts: ~25 GB
+    #: bf16 for all of them); 0 runs the target over every shard in every epoch. Not part of the draft's id:
+    #: the kept tensors are the computed ones, so the batches and the loss are the same.
+    online_memory: int | str = 0
     #: τ while training (steps/lib/training/evaluate.py): every `eval_every` optimizer steps (and after the
     #: last) the simulated acceptance length τ_sim on a held-out `eval_fraction` of the sequences (never
     #: trained on; at most `eval_max_tokens` of them evaluated). 0 turns it off and trains on everything.
@@ -315,7 +320,7 @@ class TrainConfig(Section):
     #: keep the head at the target's rows (as speculators does): only fc, the layer and the norm learn.
     freeze_lm_head: bool = False
 
-    @field_validator("cache_budget")
+    @field_validator("cache_budget", "online_memory")
     @classmethod
     def _size(cls, v: int | str | None) -> int | None:
         return None if v is None else parse_size(v)

@@ -170,4 +170,6 @@ def _summary(state: dict[str, Any], recent: list[dict[str, Any]], steps: int, pl
             "steps": steps, "planned_steps": planned, "tokens": state["tokens"],
             "tokens_per_s": state["tokens"] / state["train_s"] if state["train_s"] else None,
             "train_s": state["train_s"], **{k: state.get(k, 0.0) for k in LOOP_TIMERS}, "shards_read": len(reader.read),
-            "shards_total": len(reader.shards()), "cache_peak_bytes": reader.cache.peak_bytes}
+            "shards_total": len(reader.shards()), "cache_peak_bytes": reader.cache.peak_bytes,
+            # online: how often the target ran over a shard (kept shards are computed once per run)
+            **({"shards_computed": reader.cache.computed} if isinstance(reader, OnlineSource) else {})}
