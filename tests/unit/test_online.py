@@ -17,6 +17,7 @@ from steps.extract import run as extract
 from steps.lib.config import parse_config
 from steps.lib.store import open_store
 from steps.mapping import build_vocab
+from steps.train import draft_id
 from steps.train import run as train
 from tests.builders import byte_tokenizer, tiny_llama
 
@@ -103,7 +104,7 @@ def test_shards_kept_in_memory_skip_the_targets_forward_and_give_the_same_loss_c
     root = tmp_path / "store"
     shutil.copytree(src, root)
     m = train(config("online", memory), open_store(f"file://{root}"), IDS["target"], IDS["dataset"], IDS["vocab"])
-    assert m.id == train_id_without_memory(src, tmp_path)          # how states are kept is not in the id
+    assert m.id == draft_id(config("online"), m.inputs)            # how states are kept is not in the id
     assert [r["loss"] for r in log_of(root, m.id)] == [r["loss"] for r in offline["log"]]
     shards, loads = m.metrics["shards_total"], len(log_of(root, m.id))
     kept = m.metrics["cache_peak_bytes"]
@@ -111,12 +112,6 @@ def test_shards_kept_in_memory_skip_the_targets_forward_and_give_the_same_loss_c
         assert m.metrics["shards_computed"] == shards and kept > 0
     else:                          # a budget for some shards: those computed once, the rest every epoch
         assert 0 < kept <= 40_000 and shards < m.metrics["shards_computed"] < 2 * shards <= loads
-
-
-def train_id_without_memory(src: Path, tmp_path: Path) -> str:
-    from steps.train import draft_id
-    inputs = {"target": IDS["target"], "dataset": IDS["dataset"], "vocab": IDS["vocab"]}
-    return draft_id(config("online"), inputs)
 
 
 def test_online_without_kept_shards_runs_the_target_over_every_shard_of_every_epoch(src, tmp_path):

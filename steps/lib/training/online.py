@@ -75,11 +75,9 @@ class OnlineSource:
         if tensors is None:
             tensors = self._compute(rel)
             self.cache.keep(rel, tensors)
-        lengths = [len(self.sequences[i]["input_ids"]) for i in self.groups[rel]]
-        states = {name: t for name, t in tensors.items() if name.endswith(("_hidden", "_scale"))}
         return {"input_ids": tensors["input_ids"], "loss_mask": tensors["loss_mask"],
-                "cu_seqlens": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64),
-                **decode_states(states), "layer_ids": list(self.layer_ids),
+                "cu_seqlens": torch.tensor([0, *torch.tensor(self.lengths(rel)).cumsum(0).tolist()], dtype=torch.int64),
+                **decode_states(tensors), "layer_ids": list(self.layer_ids),
                 "hidden_size": int(tensors["final_hidden"].shape[-1]), "dtype": self.storage_dtype}
 
     def _compute(self, rel: str) -> dict[str, torch.Tensor]:
@@ -94,7 +92,7 @@ class OnlineSource:
                 rows[k] = {name: t[start:start + n].clone() for name, t in host.items()}
             pending.release()
         stored = {name: torch.cat([r[name] for r in rows]) for name in rows[0]}
-        device = stored["final_hidden"].device
+        device = stored["final_hidden"].device      # the target's, with a local backend: batches are built there
         return {"input_ids": torch.tensor([t for s in seqs for t in s["input_ids"]], dtype=torch.int64, device=device),
                 "loss_mask": torch.tensor([t for s in seqs for t in s["loss_mask"]], dtype=torch.uint8, device=device),
                 **stored}
