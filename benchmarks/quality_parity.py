@@ -168,19 +168,25 @@ def training_prompts(store, dataset_id: str, tokenizer, n: int) -> list[tuple[st
 
 def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[str, list[int]]] | None = None
                 ) -> dict[str, Any]:
-    """τ of one SGLang draft directory with the reference engine (verify's `measure`) on `prompts`
-    (default: the config's held-out MT-bench prompts, as verify)."""
-    from steps.lib.data.prompts import held_out_prompts
+    """τ of one SGLang draft directory with the reference engine, measured as verify measures MT-bench
+    (`measure_mtbench`: both turns when verify.turns is 2, every verify.chain_lengths, each τ with its bootstrap
+    interval, verify.batch_size prompts at once), or, given `prompts`, on those first turns at the served k."""
     from steps.lib.formats.sglang import sglang_layer_ids
     from steps.lib.formats.sglang_loader import load_sglang_draft
     from steps.lib.model.reference_engine import Engine
-    from steps.verify import measure, summarize
+    from steps.verify import local_decoding, measure, measure_mtbench, summarize
 
     draft, report = load_sglang_draft(sglang_dir, target=target)
     engine = Engine(target, tokenizer, draft, layer_ids=sglang_layer_ids(sglang_dir), num_steps=cfg.serve.num_steps)
-    total, rows = measure(engine, prompts if prompts is not None else held_out_prompts(cfg, tokenizer),
-                          cfg.verify.max_new_tokens, tokenizer.eos_token_id)
-    return {**summarize(total, rows), "dropped_keys": report.dropped, "missing_params": report.missing}
+    loaded = {"dropped_keys": report.dropped, "missing_params": report.missing}
+    if prompts is not None:
+        total, rows = measure(engine, prompts, cfg.verify.max_new_tokens, tokenizer.eos_token_id,
+                              batch_size=cfg.verify.batch_size)
+        return {**summarize(total, rows), **loaded}
+    decoding = local_decoding(engine, cfg.verify.max_new_tokens, tokenizer.eos_token_id,
+                              batch_size=cfg.verify.batch_size)
+    metrics, _ = measure_mtbench(cfg, decoding, tokenizer)
+    return {**metrics, **loaded}
 
 
 def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, venv: Path = DEFAULT_VENV, *,
@@ -247,12 +253,23 @@ def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, ven
 
 
 def table(result: dict[str, Any]) -> str:
-    head = ("| trainer | τ held-out | per-position acceptance | τ training prompts | train s | tokens trained "
-            "| steps | last train top-1 (step 0) |\n|---|---|---|---|---|---|---|---|\n")
-    lines = [f"| {name} | {r['tau']:.3f} | {' / '.join(f'{a:.3f}' for a in r['per_position_acceptance'])} | "
+    """One row a trainer: τ at the served k with its interval, and at every other chain length verify measured."""
+    rows = result["rows"]
+    # the chain lengths both were measured at (verify.chain_lengths; none when measured at the served k only)
+    other = sorted(set.intersection(*({int(k) for k in r.get("by_chain_length", {})} for r in rows.values())))
+
+    def tau(r: dict[str, Any]) -> str:
+        low, high = r.get("tau_interval") or (float("nan"), float("nan"))
+        return f"{r['tau']:.3f} [{low:.3f}, {high:.3f}]"
+
+    head = ("| trainer | τ held-out (k = served) | " + "".join(f"τ {k}/1/{k + 1} | " for k in other)
+            + "per-position acceptance | τ training prompts | train s | tokens trained | steps "
+            "| last train top-1 (step 0) |\n|" + "---|" * (8 + len(other)) + "\n")
+    lines = [f"| {name} | {tau(r)} | " + "".join(f"{tau(r['by_chain_length'][str(k)])} | " for k in other)
+             + f"{' / '.join(f'{a:.3f}' for a in r['per_position_acceptance'])} | "
              f"{r['on_training_prompts']['tau'] if 'on_training_prompts' in r else float('nan'):.3f} | "
              f"{r['train_s']:.1f} | {r['tokens_trained']} | {r['steps']} | "
-             f"{(r['train_acc'][0] or 0):.3f} |" for name, r in result["rows"].items()]
+             f"{(r['train_acc'][0] or 0):.3f} |" for name, r in rows.items()]
     return head + "\n".join(lines) + "\n"
 
 
