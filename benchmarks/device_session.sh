@@ -83,13 +83,16 @@ parity)     # parity CONFIG [OVERRIDE ...]: quality_parity.py on the config's da
     config=$2; shift 2
     sets=(); for o in "$@"; do sets+=(--set "$o"); done
     mkdir -p "$DEV/logs"
-    setsid nohup bash -c 'until compgen -G "$0/artifacts/vocab/*/manifest.json" > /dev/null; do sleep 5; done; exec "${@}"' \
-        "$DEV/store" "${PYTHON:-python3}" benchmarks/quality_parity.py --config "$config" --store "$STORE" \
+    # beside launched points, after their map (they make the data); alone, at once (it makes its own)
+    ready=$([[ -s $DEV/points ]] && echo "$DEV/store/artifacts/vocab/*/manifest.json" || echo /)
+    setsid nohup bash -c 'until compgen -G "$0" > /dev/null; do sleep 5; done; exec "${@}"' \
+        "$ready" "${PYTHON:-python3}" benchmarks/quality_parity.py --config "$config" --store "$STORE" \
         --out "$DEV/parity" --venv "$(command -v "${PYTHON:-python3}")" "${sets[@]}" \
         > "$DEV/logs/parity.log" 2>&1 < /dev/null &
     ;;
 wait)       # wait S: until every launched point has its curve row (or S s), then copy logs and rows to $OUT
     deadline=$(( SECONDS + ${2:-540} ))
+    touch "$DEV/points"
     while (( SECONDS < deadline )); do
         left=0
         while read -r name; do [[ -s $DEV/curve-$name/curve.jsonl ]] || left=$((left + 1)); done < "$DEV/points"
