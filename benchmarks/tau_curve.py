@@ -79,6 +79,9 @@ def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]])
             "train_tokens": train.get("tokens"), "train_s": train.get("train_s"), "tau_sim": train.get("tau_sim"),
             "tau_sim_decode": train.get("tau_sim_decode"),
             "epochs": train.get("epochs"), "train_phases_s": train.get("phases_s"),
+            # online: how often the target ran over a shard, and the states kept on the device for later epochs
+            "shards_total": train.get("shards_total"), "shards_computed": train.get("shards_computed"),
+            "cache_peak_bytes": train.get("cache_peak_bytes"),
             "tau": verify["tau"], "tau_interval": verify.get("tau_interval"),
             "tau_turn1": verify.get("tau_turn1"), "tau_turn2": verify.get("tau_turn2"),
             "by_chain_length": {k: {f: v.get(f) for f in ("tau", "tau_interval", "per_position_acceptance")}
