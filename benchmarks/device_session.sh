@@ -96,8 +96,7 @@ wait)       # wait S: until every launched point has its curve row (or S s), the
     while (( SECONDS < deadline )); do
         left=0
         while read -r name; do [[ -s $DEV/curve-$name/curve.jsonl ]] || left=$((left + 1)); done < "$DEV/points"
-        [[ -f $DEV/logs/parity.log && ! -s $DEV/parity/parity.json ]] && pgrep -f quality_parit[y] > /dev/null \
-            && left=$((left + 1))
+        [[ -f $DEV/logs/parity.log && ! -s $DEV/parity/parity.json ]] && left=$((left + 1))
         (( left == 0 )) && break
         pgrep -f 'benchmarks/(tau_curve|quality_parity).py' > /dev/null || break   # none left running: one failed
         sleep 10

@@ -253,7 +253,7 @@ def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, ven
 
 
 def table(result: dict[str, Any]) -> str:
-    """One row a trainer: τ at the served k with its interval, and at every other chain length verify measured."""
+    """One row a trainer: τ at the served k with its interval, then at every chain length both were measured at."""
     rows = result["rows"]
     # the chain lengths both were measured at (verify.chain_lengths; none when measured at the served k only)
     other = sorted(set.intersection(*({int(k) for k in r.get("by_chain_length", {})} for r in rows.values())))
