@@ -49,6 +49,7 @@ from steps.lib.extraction import sglang_runner
 from steps.lib.extraction.capture import CaptureBackend, SGLangBackend, ShardedBackend, load_sharded, make_backend
 from steps.lib.extraction.sequences import SHARD_PATH, capture_batches, group_sequences, read_sequences
 from steps.lib.extraction.shard_writer import ShardJob, ShardWriter
+from steps.lib.files import files_under
 from steps.lib.layer_ids import target_architecture
 from steps.lib.runtime import distributed
 from steps.lib.store import ArtifactError, ArtifactWriter, Manifest, Store, artifact_id, sha256_file
@@ -166,9 +167,9 @@ class ScratchDir:
 
     def measure(self) -> int:
         used = 0
-        for p in self.root.rglob("*"):
+        for p in files_under(self.root):
             try:                          # the uploader thread deletes uploaded shards meanwhile
-                used += p.stat().st_size if p.is_file() else 0
+                used += p.stat().st_size
             except FileNotFoundError:
                 pass
         self.peak_bytes = max(self.peak_bytes, used)

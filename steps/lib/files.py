@@ -1,5 +1,6 @@
-"""Small local files that must survive a kill or a full disk: whole-file writes that are atomic, and JSON-lines
-logs appended a line at a time whose torn last line (a write cut off mid-line) is dropped on reading."""
+"""Small local files that must survive a kill or a full disk: whole-file writes that are atomic, JSON-lines
+logs appended a line at a time whose torn last line (a write cut off mid-line) is dropped on reading, and
+listings of folders that other processes change while they are read."""
 
 from __future__ import annotations
 
@@ -66,6 +67,16 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def files_under(top: Path) -> list[Path]:
+    """Every file below `top`, sorted, while other processes add and remove files and folders there (a
+    training step pruning its old checkpoints, an uploader deleting sent shards): what vanishes mid-walk is
+    not listed, where `Path.rglob` raises FileNotFoundError for a folder removed between being seen and read."""
+    found = []
+    for folder, _, names in os.walk(top):       # os.walk skips a folder it can no longer open
+        found.extend(p for p in (Path(folder, n) for n in names) if p.is_file())
+    return sorted(found)
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

@@ -9,6 +9,8 @@ protocol server (moto's).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -280,3 +282,23 @@ def test_a_manifest_written_before_checksums_is_still_read_but_an_edited_one_is_
     stamped["metrics"]["loss"] = 0.1
     with pytest.raises(ArtifactError, match="manifest_sha256 does not match"):
         Manifest.from_json(json.dumps(stamped))
+
+
+def test_listing_a_local_store_while_a_writer_prunes_a_folder_lists_what_is_left(tmp_path: Path, monkeypatch):
+    # A training step prunes its old checkpoints while a reader (a flow's progress poll, `doctor`, another
+    # run) lists the same staging folder: the folder vanishes between being seen and being opened. The removal
+    # is made to land exactly there, in the walk's own call, so the race happens on every run of this test.
+    backend = FileBackend(tmp_path)
+    for n in (1, 2, 3):
+        backend.put_bytes(f"staging/draft/d/a-1/checkpoint-{n}/model.safetensors", b"w")
+    backend.put_bytes("staging/draft/d/a-1/.lock", b"")
+    pruned = tmp_path / "staging/draft/d/a-1/checkpoint-1"
+    real_scandir = os.scandir
+
+    def prune_first(path):                         # rmtree itself scans by file descriptor (an int)
+        if not isinstance(path, int) and Path(path) == pruned and pruned.exists():
+            shutil.rmtree(pruned)                  # the writer's prune, between the reader's two looks
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", prune_first)
+    assert backend.list("staging/draft/") == [f"staging/draft/d/a-1/checkpoint-{n}/model.safetensors" for n in (2, 3)]

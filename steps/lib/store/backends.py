@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from steps.lib.errors import ArtifactError
-from steps.lib.files import temp_name, write_atomic
+from steps.lib.files import files_under, temp_name, write_atomic
 from steps.lib.store.ids import sha256_file
 
 #: S3's limit for one PUT; objects put whole up to this size get their md5 as ETag.
@@ -85,11 +85,7 @@ class FileBackend:
         return p.stat().st_size if p.is_file() else None
 
     def list(self, prefix: str) -> list[str]:
-        base = self._p(prefix)
-        if not base.exists():
-            return []
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
-                      if p.is_file() and not p.name.startswith("."))
+        return [str(p.relative_to(self.root)) for p in files_under(self._p(prefix)) if not p.name.startswith(".")]
 
     def delete(self, key: str) -> None:
         self._p(key).unlink(missing_ok=True)

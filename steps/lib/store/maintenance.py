@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from steps.lib.errors import ArtifactError
+from steps.lib.files import files_under
 from steps.lib.store.ids import ARTIFACT_ID, SEGMENT
 from steps.lib.store.keys import LEASE
 from steps.lib.store.store import Store
@@ -118,7 +119,7 @@ def _dot_debris(store: Store, base: str, live: bool) -> list[str]:
     if top is None or not top.is_dir():
         return []
     out = []
-    for path in sorted(p for p in top.rglob(".*") if p.is_file()):
+    for path in (p for p in files_under(top) if p.name.startswith(".")):
         pid = path.name.rsplit(".tmp-", 1)[1] if ".tmp-" in path.name else ""
         if not live or (pid.isdigit() and _pid_gone(int(pid))):
             out.append(str(path.relative_to(store.backend.local_path(""))))
