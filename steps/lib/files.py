@@ -70,13 +70,14 @@ def write_atomic(path: Path, data: bytes | str) -> None:
 
 
 def files_under(top: Path) -> list[Path]:
-    """Every file below `top`, sorted, while other processes add and remove files and folders there (a
-    training step pruning its old checkpoints, an uploader deleting sent shards): what vanishes mid-walk is
-    not listed, where `Path.rglob` raises FileNotFoundError for a folder removed between being seen and read."""
+    """Every file below `top`, in string order (as S3 lists keys), while other processes add and remove files
+    and folders there (a training step pruning its old checkpoints, an uploader deleting sent shards): what
+    vanishes mid-walk is not listed, where `Path.rglob` raises FileNotFoundError for a folder removed between
+    being seen and read."""
     found = []
     for folder, _, names in os.walk(top):       # os.walk skips a folder it can no longer open
         found.extend(p for p in (Path(folder, n) for n in names) if p.is_file())
-    return sorted(found)
+    return sorted(found, key=str)             # Path order compares parts: 'a/x' before 'a-b/x'
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

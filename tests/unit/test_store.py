@@ -302,3 +302,10 @@ def test_listing_a_local_store_while_a_writer_prunes_a_folder_lists_what_is_left
 
     monkeypatch.setattr(os, "scandir", prune_first)
     assert backend.list("staging/draft/") == [f"staging/draft/d/a-1/checkpoint-{n}/model.safetensors" for n in (2, 3)]
+
+
+def test_a_local_store_lists_keys_in_string_order_as_s3_does(tmp_path: Path):
+    backend = FileBackend(tmp_path)
+    for key in ("s/a/x", "s/a-b/x", "s/a.json"):
+        backend.put_bytes(key, b"1")
+    assert backend.list("s/") == ["s/a-b/x", "s/a.json", "s/a/x"]       # '-' < '.' < '/' as bytes
