@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = run_step("train", args.config, ov, args.store, {k: ids[k] for k in ("target", "hidden", "vocab")})
         exp = run_step("export", args.config, ov, args.store, {"draft": rec["id"], "target": ids["target"]})
         d = export_dir(store, exp["id"], "sglang")
-        held, train = measure_dir(cfg, target, tokenizer, d), measure_dir(cfg, target, tokenizer, d, seen)
+        (held, _), (train, _) = measure_dir(cfg, target, tokenizer, d), measure_dir(cfg, target, tokenizer, d, seen)
         rows[name] = {"tau_held_out": held["tau"], "per_position_held_out": held["per_position_acceptance"],
                       "tau_training_prompts": train["tau"], "train_acc": rec["metrics"]["acc"],
                       "final_loss": rec["metrics"]["final_loss"], "draft": rec["id"]}

@@ -167,10 +167,11 @@ def training_prompts(store, dataset_id: str, tokenizer, n: int) -> list[tuple[st
 
 
 def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[str, list[int]]] | None = None
-                ) -> dict[str, Any]:
+                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """τ of one SGLang draft directory with the reference engine, measured as verify measures MT-bench
     (`measure_mtbench`: both turns when verify.turns is 2, every verify.chain_lengths, each τ with its bootstrap
-    interval, verify.batch_size prompts at once), or, given `prompts`, on those first turns at the served k."""
+    interval, verify.batch_size prompts at once), or, given `prompts`, on those first turns at the served k.
+    -> (the figures, one row a prompt, turn and chain length with its accept histogram)."""
     from steps.lib.formats.sglang import sglang_layer_ids
     from steps.lib.formats.sglang_loader import load_sglang_draft
     from steps.lib.model.reference_engine import Engine
@@ -182,11 +183,43 @@ def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[st
     if prompts is not None:
         total, rows = measure(engine, prompts, cfg.verify.max_new_tokens, tokenizer.eos_token_id,
                               batch_size=cfg.verify.batch_size)
-        return {**summarize(total, rows), **loaded}
+        return {**summarize(total, rows), **loaded}, rows
     decoding = local_decoding(engine, cfg.verify.max_new_tokens, tokenizer.eos_token_id,
                               batch_size=cfg.verify.batch_size)
-    metrics, _ = measure_mtbench(cfg, decoding, tokenizer)
-    return {**metrics, **loaded}
+    metrics, rows = measure_mtbench(cfg, decoding, tokenizer)
+    return {**metrics, **loaded}, rows
+
+
+def paired_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], *, seed: int, samples: int
+                      ) -> dict[str, dict[str, Any]]:
+    """τ(ours) − τ(theirs) at each chain length both were measured at, with its paired 95% bootstrap interval
+    over the prompts (`tau_difference_interval`: the same prompts resampled for both). Rows pair by prompt id,
+    turn and chain length; both drafts must have been measured on the same prompts."""
+    from steps.lib.metrics import AcceptStats, tau_difference_interval
+
+    def by_k(rows: list[dict[str, Any]]) -> dict[int, dict[tuple, list[int]]]:
+        out: dict[int, dict[tuple, list[int]]] = {}
+        for r in rows:
+            out.setdefault(r["num_steps"], {})[(r["id"], r.get("turn", 1))] = r["accept_histogram"]
+        return out
+
+    def pooled_tau(histograms: list[list[int]]) -> float:
+        total = AcceptStats(len(histograms[0]) - 1)
+        for h in histograms:
+            total.merge(AcceptStats(len(h) - 1, list(h)))
+        return total.tau
+
+    a, b = by_k(ours), by_k(theirs)
+    difference = {}
+    for k in sorted(a.keys() & b.keys()):
+        if a[k].keys() != b[k].keys():
+            raise ParityError(f"k = {k}: the two drafts were measured on different prompts "
+                              f"({len(a[k])} against {len(b[k])}); a paired difference needs the same ones")
+        keys = sorted(a[k])
+        ha, hb = [a[k][key] for key in keys], [b[k][key] for key in keys]
+        difference[str(k)] = {"tau": pooled_tau(ha) - pooled_tau(hb), "prompts": len(keys),
+                              "interval": tau_difference_interval(ha, hb, seed=seed, samples=samples)}
+    return difference
 
 
 def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, venv: Path = DEFAULT_VENV, *,
@@ -234,19 +267,23 @@ def run_parity(config: str, overrides: list[str], store_uri: str, out: Path, ven
 
     target, tokenizer = load_target(store, ids["target"], device=inference_device())
     seen = training_prompts(store, ids["dataset"], tokenizer, train_prompts) if train_prompts else None
-    rows = {"eaglenest": {**measure_dir(cfg, target, tokenizer, ours_dir), "train_s": rec["metrics"]["train_s"],
-                          "tokens_trained": rec["metrics"]["tokens"], "steps": rec["metrics"]["steps"],
-                          "train_acc": rec["metrics"]["acc"]},
-            "speculators 0.9.0": {**measure_dir(cfg, target, tokenizer, theirs_dir), "train_s": theirs_train["train_s"],
+    (ours, ours_prompts), (theirs, theirs_prompts) = (measure_dir(cfg, target, tokenizer, d)
+                                                      for d in (ours_dir, theirs_dir))
+    rows = {"eaglenest": {**ours, "train_s": rec["metrics"]["train_s"], "tokens_trained": rec["metrics"]["tokens"],
+                          "steps": rec["metrics"]["steps"], "train_acc": rec["metrics"]["acc"]},
+            "speculators 0.9.0": {**theirs, "train_s": theirs_train["train_s"],
                                   "tokens_trained": theirs_train["tokens"], "steps": theirs_train["steps"],
                                   "train_acc": theirs_train["final"]["acc"]}}
     if seen:
         for row, d in ((rows["eaglenest"], ours_dir), (rows["speculators 0.9.0"], theirs_dir)):
-            row["on_training_prompts"] = measure_dir(cfg, target, tokenizer, d, seen)
+            row["on_training_prompts"] = measure_dir(cfg, target, tokenizer, d, seen)[0]
     result = {"config": config, "overrides": overrides, "store": store_uri, "inputs": ids,
               "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
-              "date": datetime.now(UTC).strftime("%Y-%m-%d"), "verify": cfg.verify.model_dump(), "rows": rows}
+              "date": datetime.now(UTC).strftime("%Y-%m-%d"), "verify": cfg.verify.model_dump(), "rows": rows,
+              # eaglenest − speculators on the same prompts: the comparison's own interval
+              "difference": paired_difference(ours_prompts, theirs_prompts, seed=cfg.seed,
+                                              samples=cfg.verify.bootstrap_samples)}
     (out / "parity.json").write_text(json.dumps(result, indent=2))
     (out / "parity.md").write_text(table(result))
     return result
@@ -270,7 +307,11 @@ def table(result: dict[str, Any]) -> str:
              f"{r['on_training_prompts']['tau'] if 'on_training_prompts' in r else float('nan'):.3f} | "
              f"{r['train_s']:.1f} | {r['tokens_trained']} | {r['steps']} | "
              f"{(r['train_acc'][0] or 0):.3f} |" for name, r in rows.items()]
-    return head + "\n".join(lines) + "\n"
+    paired = [f"{int(k)}/1/{int(k) + 1} {d['tau']:+.3f} [{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]"
+              for k, d in result.get("difference", {}).items()]
+    tail = (f"\neaglenest − speculators, paired over the same {next(iter(result['difference'].values()))['prompts']}"
+            f" prompts: {'; '.join(paired)}\n" if paired else "")
+    return head + "\n".join(lines) + "\n" + tail
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,6 +74,24 @@ def acceptance_length_from_requests(requests: list[dict]) -> float:
     return acceptance_length(correct, verify)
 
 
+def _resampled_taus(histograms: list[list[int]], pick: torch.Tensor) -> torch.Tensor:
+    """τ of each resampling `pick` [samples, P] of the prompts' histograms, from its pooled counts."""
+    counts = torch.tensor(histograms, dtype=torch.float64)                    # [P, k + 1]
+    accepted = counts @ torch.arange(counts.shape[1], dtype=torch.float64)    # [P]
+    steps = counts.sum(-1)
+    a, s = accepted[pick].sum(-1), steps[pick].sum(-1)
+    return torch.where(s > 0, (a + s) / s.clamp(min=1), torch.zeros_like(s))
+
+
+def _bootstrap(histograms: list[list[int]], statistic, *, seed: int, samples: int, level: float) -> list[float]:
+    """The `level` percentile interval of `statistic(pick)` over `samples` resamplings of the prompts."""
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randint(0, len(histograms), (samples, len(histograms)), generator=g)
+    values = statistic(pick)
+    lo, hi = torch.quantile(values, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
+    return [lo, hi]
+
+
 def tau_interval(histograms: list[list[int]], *, seed: int, samples: int = 1000, level: float = 0.95
                  ) -> list[float]:
     """A `level` bootstrap interval of τ over prompts: `samples` resamplings of the prompts with replacement,
@@ -82,12 +100,20 @@ def tau_interval(histograms: list[list[int]], *, seed: int, samples: int = 1000,
     rounds, are resampled because rounds of one prompt are correlated (one prompt moves τ by ~0.03)."""
     if not histograms:
         return [0.0, 0.0]
-    counts = torch.tensor(histograms, dtype=torch.float64)                    # [P, k + 1]
-    accepted = counts @ torch.arange(counts.shape[1], dtype=torch.float64)    # [P]
-    steps = counts.sum(-1)
-    g = torch.Generator().manual_seed(seed)
-    pick = torch.randint(0, len(histograms), (samples, len(histograms)), generator=g)
-    a, s = accepted[pick].sum(-1), steps[pick].sum(-1)
-    taus = torch.where(s > 0, (a + s) / s.clamp(min=1), torch.zeros_like(s))
-    lo, hi = torch.quantile(taus, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return [lo, hi]
+    return _bootstrap(histograms, lambda pick: _resampled_taus(histograms, pick), seed=seed, samples=samples,
+                      level=level)
+
+
+def tau_difference_interval(ours: list[list[int]], theirs: list[list[int]], *, seed: int, samples: int = 1000,
+                            level: float = 0.95) -> list[float]:
+    """A paired `level` bootstrap interval of τ(ours) − τ(theirs): `ours[i]` and `theirs[i]` are two drafts'
+    accept histograms on the same prompt i, and every resampling picks the same prompts for both, so what a
+    prompt does to both (an easy answer, a long one) cancels; two intervals taken apart keep it and overlap
+    where the paired one need not."""
+    if len(ours) != len(theirs):
+        raise ValueError(f"paired τ: {len(ours)} prompts against {len(theirs)}; both drafts must be measured on "
+                         "the same prompts")
+    if not ours:
+        return [0.0, 0.0]
+    return _bootstrap(ours, lambda pick: _resampled_taus(ours, pick) - _resampled_taus(theirs, pick), seed=seed,
+                      samples=samples, level=level)

@@ -67,6 +67,10 @@ def test_the_curve_and_the_harness_train_both_drafts_on_the_tiny_target_and_meas
         assert r["dropped_keys"] == [] and r["missing_params"] == []    # every weight loaded
         assert r["mismatches"] == 0 and r["train_s"] > 0
     assert theirs["steps"] == ours["steps"] == 4 and theirs["tokens_trained"] > 0
+    # their difference, paired prompt by prompt, pools to the same two τ the rows report
+    (diff,) = result["difference"].values()
+    assert diff["tau"] == pytest.approx(ours["tau"] - theirs["tau"]) and diff["prompts"] == ours["prompts"]
+    assert diff["interval"][0] <= diff["interval"][1]
     # the batches were streamed: each one read by speculators' trainer was removed, none is left behind
     assert not list((parity / "speculators-batches").glob("step-*.safetensors"))
     raw = json.loads((parity / "speculators-draft" / "config.json").read_text())

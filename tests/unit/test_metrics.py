@@ -1,8 +1,11 @@
-"""τ's bootstrap interval over prompts: seeded, holding τ, narrowing with more prompts."""
+"""τ's bootstrap interval over prompts: seeded, holding τ, narrowing with more prompts; the paired interval of
+two drafts' difference on the same prompts."""
 
 from __future__ import annotations
 
-from steps.lib.metrics import AcceptStats, tau_interval
+import pytest
+
+from steps.lib.metrics import AcceptStats, tau_difference_interval, tau_interval
 
 # per-prompt accept histograms (k = 3) of very different prompts: τ 1.0, 4.0, 2.5, 1.75
 HISTOGRAMS = [[10, 0, 0, 0], [0, 0, 0, 5], [2, 2, 2, 2], [6, 0, 2, 0]]
@@ -29,3 +32,19 @@ def test_tau_interval_narrows_with_more_prompts_and_is_a_point_for_identical_pro
     assert hi10 - lo10 < hi - lo
     assert tau_interval([[1, 2, 3, 4]] * 5, seed=0) == [AcceptStats(3, [1, 2, 3, 4]).tau] * 2
     assert tau_interval([], seed=0) == [0.0, 0.0]
+
+
+def test_the_paired_difference_separates_two_drafts_whose_own_intervals_overlap():
+    """Prompts far apart in difficulty, one draft a little better on each: each τ's interval is wide (the prompts
+    differ) and they overlap, while the paired interval, the same prompts picked for both, is above zero."""
+    many = [[h[0] + i % 3, *h[1:]] for i, h in enumerate(HISTOGRAMS * 5)]
+    better = [[h[0] - 1, h[1] + 1, *h[2:]] if h[0] > 0 else h for h in many]   # one first draft more accepted
+    lo_a, hi_a = tau_interval(better, seed=0)
+    lo_b, hi_b = tau_interval(many, seed=0)
+    assert lo_a < hi_b                                                  # apart, the intervals overlap
+    lo, hi = tau_difference_interval(better, many, seed=0)
+    assert 0 < lo <= pooled_tau(better) - pooled_tau(many) <= hi
+    assert tau_difference_interval(many, better, seed=0) == pytest.approx([-hi, -lo])   # the sign is the order
+    assert tau_difference_interval(many, many, seed=0) == [0.0, 0.0]
+    with pytest.raises(ValueError, match="same prompts"):
+        tau_difference_interval(many, many[:-1], seed=0)
