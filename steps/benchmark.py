@@ -34,7 +34,7 @@ from typing import Any
 
 from steps.lib.artifacts import load_tokenizer
 from steps.lib.config import BenchmarkConfig, PipelineConfig, config_dict
-from steps.lib.data.prompts import chat_token_ids, held_out_prompts, load_humaneval
+from steps.lib.data.prompts import held_out_prompts, humaneval_prompts
 from steps.lib.http import get_json, json_stream
 from steps.lib.metrics import AcceptStats, acceptance_length_from_requests
 from steps.lib.runtime.processes import forwarding_signals
@@ -58,8 +58,8 @@ def settings_for(cfg: PipelineConfig) -> BenchmarkConfig:
 def pinned_prompts(cfg: PipelineConfig, settings: BenchmarkConfig, tokenizer: Any) -> list[dict[str, Any]]:
     """verify's held-out MT-bench prompts + the first HumanEval stubs, chat-templated: a deterministic list."""
     rows = [{"id": pid, "source": "mtbench", "input_ids": ids} for pid, ids in held_out_prompts(cfg, tokenizer)]
-    for p in load_humaneval()[:settings.num_code_prompts]:
-        rows.append({"id": p["id"], "source": "humaneval", "input_ids": chat_token_ids(tokenizer, p["messages"])})
+    rows += [{"id": pid, "source": "humaneval", "input_ids": ids}
+             for pid, ids in humaneval_prompts(tokenizer, settings.num_code_prompts)]
     for r in rows:     # /v1/completions takes text: the same templated prompt, decoded
         r["text"] = tokenizer.decode(r["input_ids"])
     return rows

@@ -7,7 +7,8 @@ capture layers are read back from the exported `eagle_config` and converted as S
 Held-out prompts: MT-bench first turns (`verify.categories`, `verify.num_prompts`) in the target's
 chat template, greedy, `verify.max_new_tokens`, chain of `serve.num_steps` drafts; and, when
 `dataset.held_out` > 0, the held-out split of the training sources (metrics `tau_in_distribution`,
-`per_position_acceptance_in_distribution`).
+`per_position_acceptance_in_distribution`); with `verify.code_prompts` > 0, HumanEval stubs (`tau_humaneval`; the
+config refuses it where HumanEval is trained on).
 `verify.turns: 2` adds the second turns after the target's own first answers; `verify.chain_lengths` measures
 several k (the served one is the headline, every one under `by_chain_length`); `verify.batch_size` decodes
 prompts together (`steps.lib.model.batched_engine`); each τ has a seeded 95% bootstrap `tau_interval`.
@@ -34,7 +35,7 @@ import torch
 
 from steps.lib.artifacts import export_dir, inference_device, load_target, load_tokenizer, target_dir
 from steps.lib.config import PipelineConfig, VerifyConfig, config_dict
-from steps.lib.data.prompts import held_out_prompts, in_distribution_prompts, second_turn_prompts
+from steps.lib.data.prompts import held_out_prompts, humaneval_prompts, in_distribution_prompts, second_turn_prompts
 from steps.lib.formats.sglang import sglang_layer_ids
 from steps.lib.formats.sglang_loader import load_sglang_draft
 from steps.lib.layer_ids import target_architecture
@@ -279,7 +280,8 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
     if v.engine == "server":      # the target stays in the serving engine; this process holds its tokenizer only
         tokenizer = load_tokenizer(store, target_id)
         in_prompts = in_distribution_prompts(cfg, tokenizer) if in_dist else []
-        decoding, info = served_decoding(cfg, store, export_id, target_id, tokenizer, in_prompts)
+        code = humaneval_prompts(tokenizer, v.code_prompts)
+        decoding, info = served_decoding(cfg, store, export_id, target_id, tokenizer, in_prompts + code)
         arch = target_architecture(json.loads((target_dir(store, target_id) / "config.json").read_text()))
         load_report = info.get("draft_load_report")           # the reference server reports it; SGLang does not
         loaded = load_report or {}
@@ -289,6 +291,7 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
     else:
         target, tokenizer = load_target(store, target_id, device=inference_device())
         in_prompts = in_distribution_prompts(cfg, tokenizer) if in_dist else []
+        code = humaneval_prompts(tokenizer, v.code_prompts)
         draft, report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
         served = sglang_layer_ids(sglang_dir, target_architecture(target.config.to_dict()))   # F4, as SGLang shifts
         engine = Engine(target, tokenizer, draft, layer_ids=served, num_steps=cfg.serve.num_steps)
@@ -297,14 +300,15 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
         meta = {"layer_ids": engine.layer_ids, "algorithm": engine.algorithm, "dropped_keys": report.dropped,
                 "missing_params": report.missing}
     metrics, rows = measure_mtbench(cfg, decoding, tokenizer)
-    if in_dist:
-        in_total, in_rows = compare(decoding, in_prompts, decoding.num_steps, tie_tolerance=v.tie_tolerance)
-        metrics |= {"tau_in_distribution": in_total.tau,
-                    "tau_interval_in_distribution": tau_interval([r["accept_histogram"] for r in in_rows],
-                                                                 seed=cfg.seed, samples=v.bootstrap_samples),
-                    "per_position_acceptance_in_distribution": in_total.per_position,
-                    "prompts_in_distribution": len(in_rows)}
-        rows += [{**r, "split": "in_distribution"} for r in in_rows]
+    for split, prompts in (("in_distribution", in_prompts), ("humaneval", code)):
+        if prompts:     # one turn at the served k, each figure under its split's suffix
+            split_total, split_rows = compare(decoding, prompts, decoding.num_steps, tie_tolerance=v.tie_tolerance)
+            metrics |= {f"tau_{split}": split_total.tau,
+                        f"tau_interval_{split}": tau_interval([r["accept_histogram"] for r in split_rows],
+                                                              seed=cfg.seed, samples=v.bootstrap_samples),
+                        f"per_position_acceptance_{split}": split_total.per_position,
+                        f"prompts_{split}": len(split_rows)}
+            rows += [{**r, "split": split} for r in split_rows]
     writer = store.begin("verify", verify_id, step=STEP, inputs=inputs, config=section)
     writer.path("report.json").write_text(json.dumps({"prompts": rows, "load_report": load_report}, indent=2))
     bad = [r for r in rows if not r["match"]]

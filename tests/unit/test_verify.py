@@ -237,6 +237,34 @@ def test_verify_gives_each_chain_length_its_tau_and_the_served_one_as_headline(c
         type(cfg).model_validate({**cfg.model_dump(), "verify": {**cfg.verify.model_dump(), "chain_lengths": [1]}})
 
 
+def test_verify_measures_humaneval_only_where_the_draft_never_saw_it(copying_world):
+    """`verify.code_prompts`: HumanEval's stubs, chat-templated, one turn at the served k. Their prompts end in the
+    template's "\n" like MT-bench's, so the copying draft gives each the hand-worked histogram [0, 1, 0, 6]. The
+    config refuses the figure where HumanEval is a training source or the other sources are not decontaminated."""
+    w = copying_world
+    cfg = type(w["cfg"]).model_validate({**w["cfg"].model_dump(), "dataset": {"decontaminate": True},
+                                         "verify": {**w["cfg"].verify.model_dump(), "code_prompts": 2}})
+    m = verify.run(cfg, w["store"], w["export_id"], w["target_id"])
+    plain = verify.run(w["cfg"], w["store"], w["export_id"], w["target_id"])
+    assert m.id != plain.id and "tau_humaneval" not in plain.metrics
+    assert m.metrics["prompts_humaneval"] == 2 and m.metrics["tau_humaneval"] == pytest.approx(26 / 7, abs=1e-12)
+    assert m.metrics["per_position_acceptance_humaneval"] == pytest.approx([1.0, 12 / 14, 12 / 14], abs=1e-12)
+    lo, hi = m.metrics["tau_interval_humaneval"]
+    assert lo <= m.metrics["tau_humaneval"] <= hi
+    assert m.metrics["tau"] == plain.metrics["tau"] and m.metrics["prompts"] == plain.metrics["prompts"]
+    report = json.loads(w["store"].fetch_file("verify", m.id, "report.json").read_text())
+    code = [r for r in report["prompts"] if r.get("split") == "humaneval"]
+    assert [r["id"] for r in code] == ["humaneval-0", "humaneval-1"] and all(r["match"] for r in code)
+    assert [r["accept_histogram"] for r in code] == [[0, 1, 0, 6]] * 2
+
+    data = cfg.model_dump()
+    trained_on_it = {**data, "dataset": {**data["dataset"], "sources": [{"kind": "humaneval"}]}}
+    with pytest.raises(ValueError, match=r"verify.code_prompts=2 measures τ on HumanEval, which dataset.sources"):
+        type(cfg).model_validate(trained_on_it)
+    with pytest.raises(ValueError, match=r"dataset.decontaminate: true"):
+        type(cfg).model_validate({**data, "dataset": {**data["dataset"], "decontaminate": False}})
+
+
 def test_verify_reports_a_seeded_bootstrap_interval_that_holds_tau(world):
     m = verify.run(world["cfg"], world["store"], world["export_id"], world["target_id"])
     lo, hi = m.metrics["tau_interval"]
@@ -257,16 +285,17 @@ def test_verify_through_the_reference_server_measures_the_in_process_tau(copying
     """verify.engine: server decodes through served engines (the reference server here, started from the
     export one at a time) and must measure what the in-process engine measures, exactly: the reference engine
     is float32 on both sides, so no tie tolerance is needed. Both turns cover the second-turn prompts built
-    from the baseline server's own answers."""
+    from the baseline server's own answers, and a HumanEval stub the served decoding must hold too."""
     from steps.lib.checks.tau import compare_tau
 
     w = copying_world
-    local = verify.run(with_verify(w["cfg"], turns=2), w["store"], w["export_id"], w["target_id"])
-    served_cfg = with_verify(w["cfg"], turns=2, engine="server")
+    local = verify.run(with_verify(w["cfg"], turns=2, code_prompts=1), w["store"], w["export_id"], w["target_id"])
+    served_cfg = with_verify(w["cfg"], turns=2, engine="server", code_prompts=1)
     m = verify.run(served_cfg, w["store"], w["export_id"], w["target_id"])
     assert m.id != local.id and m.meta["engine"] == "server" and m.meta["server"]["engine"] == "reference"
     for key in ("tau", "per_position_acceptance", "accept_histogram", "verify_steps", "accepted_drafts", "prompts",
-                "tokens", "mismatches", "near_ties", "tau_turn1", "tau_turn2", "tau_interval"):
+                "tokens", "mismatches", "near_ties", "tau_turn1", "tau_turn2", "tau_interval", "tau_humaneval",
+                "prompts_humaneval"):
         assert m.metrics[key] == local.metrics[key], key
     assert m.metrics["tau_turn1"] == pytest.approx(26 / 7) and m.metrics["prompts"] == 6
     assert m.meta["layer_ids"] == local.meta["layer_ids"] and m.meta["dropped_keys"] == []

@@ -380,6 +380,10 @@ class VerifyConfig(Section):
     tie_tolerance: NonNegative = 0.0
     #: bootstrap resamplings of the prompts for each τ's 95% interval (`tau_interval`, seeded by `seed`).
     bootstrap_samples: Count = 1000
+    #: HumanEval stubs (of 164) also measured, one turn at the served k: `tau_humaneval` with its interval.
+    #: Only where the draft never saw HumanEval: no `humaneval` source, and `dataset.decontaminate: true`
+    #: (the other sources' prompts sharing a 13-gram with it dropped). 0: none.
+    code_prompts: Natural = 0
     #: where the target decodes: `local` loads it in this process on one device; `server` measures through
     #: the `serve.engine` server (SGLang with the derived EAGLE3 flags, or the reference server), one at a
     #: time (plain, then speculative), for a target that does not fit one device (target.tensor_parallel_size > 1).
@@ -387,7 +391,8 @@ class VerifyConfig(Section):
 
     #: fields whose default leaves the verify id as it was before they existed.
     ID_NEUTRAL_DEFAULTS: ClassVar[dict[str, object]] = {"turns": 1, "chain_lengths": None, "tie_tolerance": 0.0,
-                                                        "bootstrap_samples": 1000, "engine": "local"}
+                                                        "bootstrap_samples": 1000, "engine": "local",
+                                                        "code_prompts": 0}
 
 
 class ServeConfig(Section):
@@ -475,6 +480,14 @@ class PipelineConfig(Section):
         if self.verify.engine == "server" and self.verify.chain_lengths is not None:
             raise ValueError(f"verify.chain_lengths={self.verify.chain_lengths} needs verify.engine: local (a "
                              "server drafts one chain length, serve.num_steps); remove it")
+        if self.verify.code_prompts and any(s.kind == "humaneval" for s in self.dataset.sources):
+            raise ValueError(f"verify.code_prompts={self.verify.code_prompts} measures τ on HumanEval, which "
+                             "dataset.sources trains on (kind: humaneval): remove that source or set "
+                             "verify.code_prompts: 0")
+        if self.verify.code_prompts and not self.dataset.decontaminate and any(
+                s.kind != "synthetic" for s in self.dataset.sources):
+            raise ValueError(f"verify.code_prompts={self.verify.code_prompts} measures τ on HumanEval: set "
+                             "dataset.decontaminate: true so no training prompt shares a 13-gram with it")
         if self.datagen.backend == "openai" and any(s.kind == "synthetic" for s in self.dataset.sources):
             raise ValueError("dataset source kind=synthetic needs datagen.backend=local (the target writes "
                              "the prompts from its own chat template); remove the source or use backend: local")

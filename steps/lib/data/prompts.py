@@ -132,6 +132,12 @@ def held_out_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[str, lis
     return out
 
 
+def humaneval_prompts(tokenizer: Any, n: int) -> list[tuple[str, list[int]]]:
+    """The first `n` HumanEval stubs as chat-templated 'complete this function' requests: verify's code τ
+    (`verify.code_prompts`) and the benchmark's code prompts (`benchmark.num_code_prompts`)."""
+    return [(p["id"], chat_token_ids(tokenizer, p["messages"])) for p in load_humaneval()[:n]]
+
+
 def second_turn_prompts(cfg: PipelineConfig, tokenizer: Any, first_answers: dict[str, str]
                         ) -> list[tuple[str, list[int]]]:
     """MT-bench second turns after the target's own first answers (`first_answers`: prompt id -> the answer's
