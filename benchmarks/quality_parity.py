@@ -173,7 +173,7 @@ def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[st
     interval, verify.batch_size prompts at once), or, given `prompts`, on those first turns at the served k.
     -> (the figures, one row a prompt, turn and chain length with its accept histogram)."""
     from steps.lib.formats.sglang import sglang_layer_ids
-    from steps.lib.formats.sglang_loader import load_sglang_draft
+    from steps.lib.formats.sglang_loader import draft_vocab, load_sglang_draft
     from steps.lib.model.reference_engine import Engine
     from steps.verify import local_decoding, measure, measure_mtbench, summarize
 
@@ -186,7 +186,7 @@ def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[st
         return {**summarize(total, rows), **loaded}, rows
     decoding = local_decoding(engine, cfg.verify.max_new_tokens, tokenizer.eos_token_id,
                               batch_size=cfg.verify.batch_size)
-    metrics, rows = measure_mtbench(cfg, decoding, tokenizer)
+    metrics, rows = measure_mtbench(cfg, decoding, tokenizer, draft_vocab(sglang_dir))
     return {**metrics, **loaded}, rows
 
 

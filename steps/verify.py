@@ -37,7 +37,7 @@ from steps.lib.artifacts import export_dir, inference_device, load_target, load_
 from steps.lib.config import PipelineConfig, VerifyConfig, config_dict
 from steps.lib.data.prompts import held_out_prompts, humaneval_prompts, in_distribution_prompts, second_turn_prompts
 from steps.lib.formats.sglang import sglang_layer_ids
-from steps.lib.formats.sglang_loader import load_sglang_draft
+from steps.lib.formats.sglang_loader import draft_vocab, load_sglang_draft
 from steps.lib.layer_ids import target_architecture
 from steps.lib.metrics import AcceptStats, tau_interval
 from steps.lib.model.batched_engine import BatchedEngine
@@ -208,15 +208,21 @@ def second_turn(cfg: PipelineConfig, tokenizer: Any, first: list[Prompt], plain_
     return second_turn_prompts(cfg, tokenizer, answers)
 
 
-def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any) -> tuple[dict[str, Any], list[dict]]:
+def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, draft_vocab: set[int] | None = None
+                    ) -> tuple[dict[str, Any], list[dict]]:
     """MT-bench τ at each chain length, over the first turns and (`verify.turns` 2) the second turns after the
-    target's own first answers; the served k's figures are the headline, every k's under `by_chain_length`."""
+    target's own first answers; the served k's figures are the headline, every k's under `by_chain_length`.
+    Given the target ids the draft can propose, also `draft_vocab_coverage`: the share of the target's answer
+    tokens among them (a token outside is never drafted, so its position is rejected whatever the draft learned)."""
     v = cfg.verify
     first = held_out_prompts(cfg, tokenizer)
     turns = [(1, first, decoding.plain(first))]
     if v.turns == 2:
         second = second_turn(cfg, tokenizer, first, turns[0][2])
         turns.append((2, second, decoding.plain(second)))
+    answers = [t for _, _, plain in turns for out, _ in plain for t in out]
+    coverage = ({"draft_vocab_coverage": sum(t in draft_vocab for t in answers) / len(answers)}
+                if draft_vocab is not None and answers else {})
     by_k, all_rows = {}, []
     for k in v.chain_lengths or [cfg.serve.num_steps]:
         total, rows, per_turn = AcceptStats(k), [], {}
@@ -227,7 +233,7 @@ def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any) -> 
             rows += [{**r, "turn": turn} for r in turn_rows]
         by_k[k] = {**summarize(total, rows, seed=cfg.seed, samples=v.bootstrap_samples), **per_turn}
         all_rows += rows
-    metrics = dict(by_k[cfg.serve.num_steps])
+    metrics = dict(by_k[cfg.serve.num_steps]) | coverage
     if v.chain_lengths is not None:
         metrics["by_chain_length"] = {str(k): m for k, m in by_k.items()}
     return metrics, all_rows
@@ -299,7 +305,7 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
         load_report = report.to_dict()
         meta = {"layer_ids": engine.layer_ids, "algorithm": engine.algorithm, "dropped_keys": report.dropped,
                 "missing_params": report.missing}
-    metrics, rows = measure_mtbench(cfg, decoding, tokenizer)
+    metrics, rows = measure_mtbench(cfg, decoding, tokenizer, draft_vocab(sglang_dir))
     for split, prompts in (("in_distribution", in_prompts), ("humaneval", code)):
         if prompts:     # one turn at the served k, each figure under its split's suffix
             split_total, split_rows = compare(decoding, prompts, decoding.num_steps, tie_tolerance=v.tie_tolerance)

@@ -186,6 +186,41 @@ def engine_of(w, k=None):
     return Engine(target, tok, draft, layer_ids=LAYER_IDS, num_steps=k or w["cfg"].serve.num_steps), tok
 
 
+def test_verify_reports_the_share_of_the_targets_answer_tokens_the_draft_vocab_holds(world, copying_world, tmp_path):
+    """`draft_vocab_coverage`: the target's plain MT-bench answers against the target ids the exported draft can
+    propose (its d2t read as SGLang reads it: hot id = i + d2t[i]). The random draft's 128 of 272 ids, counted
+    here from the answers; the copying draft drafts every answer token right (its d_1 is always accepted), so all
+    of them are in its vocab. Without a d2t, SGLang proposes draft ids as target ids."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from steps.lib.formats.common import WEIGHTS_FILE
+    from steps.lib.formats.sglang_loader import draft_vocab
+
+    sglang_dir = artifacts.export_dir(world["store"], world["export_id"], "sglang")
+    d2t = load_file(str(sglang_dir / WEIGHTS_FILE))["d2t"]
+    hot = draft_vocab(sglang_dir)
+    assert hot == set((d2t + torch.arange(VD)).tolist()) and len(hot) == VD
+    engine, tok = engine_of(world)
+    plain = verify.local_decoding(engine, world["cfg"].verify.max_new_tokens, tok.eos_token_id).plain(
+        held_out_prompts(world["cfg"], tok))
+    answers = [t for out, _ in plain for t in out]
+    expected = sum(t in hot for t in answers) / len(answers)
+    m = verify.run(world["cfg"], world["store"], world["export_id"], world["target_id"])
+    assert m.metrics["draft_vocab_coverage"] == pytest.approx(expected) and answers
+    copying = verify.run(copying_world["cfg"], copying_world["store"], copying_world["export_id"],
+                         copying_world["target_id"])
+    assert copying.metrics["draft_vocab_coverage"] == 1.0
+
+    bare = tmp_path / "no-d2t"
+    shutil.copytree(sglang_dir, bare)
+    weights = load_file(str(bare / WEIGHTS_FILE))
+    del weights["d2t"]
+    save_file(weights, str(bare / WEIGHTS_FILE))
+    assert draft_vocab(bare) == set(range(VD))
+
+
 @pytest.mark.parametrize("which", ["world", "copying_world"])
 def test_batched_verify_measures_what_the_one_prompt_at_a_time_path_measures(which, request):
     w = request.getfixturevalue(which)

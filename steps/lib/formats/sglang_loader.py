@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from steps.lib.formats.common import CONFIG_FILE, WEIGHTS_FILE, read_json
@@ -67,6 +68,24 @@ def sglang_draft_config(config: dict[str, Any], where: str) -> dict[str, Any]:
             "num_aux": int(config.get("num_aux_hidden_states") or (len(ids) if ids else 3))}
 
 
+def hot_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """SGLang's hot token ids from a `d2t` tensor: draft id i proposes target id i + d2t[i] (a float d2t gives
+    float ids, truncated when used)."""
+    return (d2t + torch.arange(d2t.shape[0])).to(torch.int64)
+
+
+def draft_vocab(path: str | Path) -> set[int]:
+    """The target ids an SGLang draft directory can propose, as SGLang reads them: its `d2t` as hot ids, or,
+    with none, draft ids as target ids (0 .. draft_vocab_size - 1). Reads the one tensor, not the weights."""
+    path = Path(path)
+    with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
+        key = next((k for k in f.keys() if resolve(k).action == "hot_token_id"), None)   # noqa: SIM118
+        if key is not None:
+            return set(hot_ids(f.get_tensor(key)).tolist())
+    dcfg = sglang_draft_config(read_json(path / CONFIG_FILE), str(path / CONFIG_FILE))
+    return set(range(dcfg["draft_vocab_size"]))
+
+
 def load_sglang_draft(path: str | Path, *, target: torch.nn.Module | None = None) -> tuple[Any, LoadReport]:
     """Load an SGLang draft directory the way SGLang 0.5.23 does; returns (Eagle3Draft, LoadReport).
 
@@ -92,9 +111,7 @@ def load_sglang_draft(path: str | Path, *, target: torch.nn.Module | None = None
         elif res.action == "ignored":
             report.ignored.append(key)
         elif res.action == "hot_token_id":
-            # SGLang: hot_token_id = d2t + arange; a float d2t gives float ids (truncated when used).
-            hot = tensor + torch.arange(tensor.shape[0])
-            d2t = (hot.to(torch.int64) - torch.arange(tensor.shape[0])).to(torch.int64)
+            d2t = hot_ids(tensor) - torch.arange(tensor.shape[0])
             report.hot_token_ids = True
             if tensor.dtype != torch.int64:
                 report.notes.append(f"{key} has dtype {tensor.dtype}: SGLang's hot token ids are not int64")
