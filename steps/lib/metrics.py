@@ -8,6 +8,7 @@ serve's smoke test, gate); only the demo's summary.json spells it `acceptance_le
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -74,7 +75,7 @@ def acceptance_length_from_requests(requests: list[dict]) -> float:
     return acceptance_length(correct, verify)
 
 
-def _resampled_taus(histograms: list[list[int]], pick: torch.Tensor) -> torch.Tensor:
+def _resampled_taus(histograms: list[list[int]], pick: Tensor) -> Tensor:
     """τ of each resampling `pick` [samples, P] of the prompts' histograms, from its pooled counts."""
     counts = torch.tensor(histograms, dtype=torch.float64)                    # [P, k + 1]
     accepted = counts @ torch.arange(counts.shape[1], dtype=torch.float64)    # [P]
@@ -83,10 +84,12 @@ def _resampled_taus(histograms: list[list[int]], pick: torch.Tensor) -> torch.Te
     return torch.where(s > 0, (a + s) / s.clamp(min=1), torch.zeros_like(s))
 
 
-def _bootstrap(histograms: list[list[int]], statistic, *, seed: int, samples: int, level: float) -> list[float]:
-    """The `level` percentile interval of `statistic(pick)` over `samples` resamplings of the prompts."""
+def _bootstrap(prompts: int, statistic: Callable[[Tensor], Tensor], *, seed: int, samples: int,
+               level: float) -> list[float]:
+    """The `level` percentile interval of `statistic(pick)` over `samples` resamplings (`pick`: [samples, prompts]
+    indices drawn with replacement) of the prompts."""
     g = torch.Generator().manual_seed(seed)
-    pick = torch.randint(0, len(histograms), (samples, len(histograms)), generator=g)
+    pick = torch.randint(0, prompts, (samples, prompts), generator=g)
     values = statistic(pick)
     lo, hi = torch.quantile(values, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
     return [lo, hi]
@@ -100,7 +103,7 @@ def tau_interval(histograms: list[list[int]], *, seed: int, samples: int = 1000,
     rounds, are resampled because rounds of one prompt are correlated (one prompt moves τ by ~0.03)."""
     if not histograms:
         return [0.0, 0.0]
-    return _bootstrap(histograms, lambda pick: _resampled_taus(histograms, pick), seed=seed, samples=samples,
+    return _bootstrap(len(histograms), lambda pick: _resampled_taus(histograms, pick), seed=seed, samples=samples,
                       level=level)
 
 
@@ -115,5 +118,5 @@ def tau_difference_interval(ours: list[list[int]], theirs: list[list[int]], *, s
                          "the same prompts")
     if not ours:
         return [0.0, 0.0]
-    return _bootstrap(ours, lambda pick: _resampled_taus(ours, pick) - _resampled_taus(theirs, pick), seed=seed,
-                      samples=samples, level=level)
+    return _bootstrap(len(ours), lambda pick: _resampled_taus(ours, pick) - _resampled_taus(theirs, pick),
+                      seed=seed, samples=samples, level=level)
