@@ -35,6 +35,8 @@ def tau_summary(verify: dict[str, Any], control_verify: dict[str, Any]) -> dict[
         "acceptance_length_in_distribution_interval": verify.get("tau_interval_in_distribution"),
         "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
         "per_position_acceptance": verify["per_position_acceptance"],
+        # the share of the target's answer tokens the draft's vocab holds: the rest are never drafted
+        "draft_vocab_coverage": verify.get("draft_vocab_coverage"),
         "num_steps": verify["num_steps"],
         "speedup_reference_engine": verify.get("speedup"),
     }
@@ -71,6 +73,9 @@ def print_summary(s: dict[str, Any]) -> None:
           f"{_interval(s.get('acceptance_length_interval'))}   untrained draft: "
           f"{s['acceptance_length_random_draft']:.2f}")
     print(f"per-position acceptance: [{pos}]")
+    if s.get("draft_vocab_coverage") is not None:
+        print(f"the draft's vocab holds {s['draft_vocab_coverage']:.1%} of the target's MT-bench answer tokens "
+              "(the rest are never drafted; mapping.draft_vocab_size sets it)")
     if s["acceptance_length_in_distribution"] is not None:
         print(f"acceptance length τ on held-out prompts of the training sources: "
               f"{s['acceptance_length_in_distribution']:.2f}"
