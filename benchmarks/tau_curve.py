@@ -89,8 +89,8 @@ def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]])
             "per_position_acceptance": verify["per_position_acceptance"],
             "tau_in_distribution": verify.get("tau_in_distribution"),
             "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
-            # HumanEval (verify.code_prompts): measured only where the draft never trained on it
             "draft_vocab_coverage": verify.get("draft_vocab_coverage"),     # answer tokens the draft can propose
+            # HumanEval (verify.code_prompts): measured only where the draft never trained on it
             "tau_humaneval": verify.get("tau_humaneval"),
             "tau_interval_humaneval": verify.get("tau_interval_humaneval"),
             "per_position_acceptance_humaneval": verify.get("per_position_acceptance_humaneval"),

@@ -208,12 +208,13 @@ def second_turn(cfg: PipelineConfig, tokenizer: Any, first: list[Prompt], plain_
     return second_turn_prompts(cfg, tokenizer, answers)
 
 
-def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, draft_vocab: set[int] | None = None
+def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, proposable: set[int] | None = None
                     ) -> tuple[dict[str, Any], list[dict]]:
     """MT-bench τ at each chain length, over the first turns and (`verify.turns` 2) the second turns after the
     target's own first answers; the served k's figures are the headline, every k's under `by_chain_length`.
-    Given the target ids the draft can propose, also `draft_vocab_coverage`: the share of the target's answer
-    tokens among them (a token outside is never drafted, so its position is rejected whatever the draft learned)."""
+    Given the target ids the draft can propose (`proposable`), also `draft_vocab_coverage`: the share of the
+    target's answer tokens among them (a token outside is never drafted, so its position is rejected whatever the
+    draft learned)."""
     v = cfg.verify
     first = held_out_prompts(cfg, tokenizer)
     turns = [(1, first, decoding.plain(first))]
@@ -221,8 +222,8 @@ def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, dra
         second = second_turn(cfg, tokenizer, first, turns[0][2])
         turns.append((2, second, decoding.plain(second)))
     answers = [t for _, _, plain in turns for out, _ in plain for t in out]
-    coverage = ({"draft_vocab_coverage": sum(t in draft_vocab for t in answers) / len(answers)}
-                if draft_vocab is not None and answers else {})
+    coverage = ({"draft_vocab_coverage": sum(t in proposable for t in answers) / len(answers)}
+                if proposable is not None and answers else {})
     by_k, all_rows = {}, []
     for k in v.chain_lengths or [cfg.serve.num_steps]:
         total, rows, per_turn = AcceptStats(k), [], {}
