@@ -16,6 +16,9 @@
 #
 # `CURVE_SET=OVERRIDE` adds one `--set` to every point of a launch (an override with commas, which a point's
 # own list cannot hold: `CURVE_SET='dataset.sources=[{kind: synthetic, count: 20000}, topics]' … launch …`).
+# `SERIAL=1 … launch …` runs the points one after another instead, each alone on the card (two online points
+# with their states kept on the device do not fit an 80 GB card together); the later ones reuse the first one's
+# target and dataset by id.
 # `launch` starts the first point at once and the others when the first one's vocab map exists (they share
 # its target, dataset and map by artifact id, so datagen runs once), each in its own process session (setsid),
 # so the points go on training between calls; the machine stays held while calls follow each other within
@@ -65,12 +68,16 @@ launch)     # launch CONFIG NAME=OVERRIDES...: the first point now, the rest onc
     env_for_device
     config=$2; shift 2
     mkdir -p "$DEV/logs"
+    rm -f "$DEV/serial.sh"
     first=1
     for point in "$@"; do
         name=${point%%=*}
         cmd=("${PYTHON:-python3}" benchmarks/tau_curve.py --config "$config" --store "$STORE" --out "$DEV/curve-$name"
              ${CURVE_SET:+--set "$CURVE_SET"} --point "$point")
-        if (( first )); then
+        if [[ -n ${SERIAL:-} ]]; then     # one after another, each alone on the card: a script run in order
+            printf '%q ' "${cmd[@]}" >> "$DEV/serial.sh"
+            printf '> %q 2>&1 < /dev/null\n' "$DEV/logs/$name.log" >> "$DEV/serial.sh"
+        elif (( first )); then
             setsid nohup "${cmd[@]}" > "$DEV/logs/$name.log" 2>&1 < /dev/null &
             first=0
         else    # wait for the shared map in the background too: this call may end before datagen does
@@ -79,6 +86,9 @@ launch)     # launch CONFIG NAME=OVERRIDES...: the first point now, the rest onc
         fi
         echo "$name" >> "$DEV/points"
     done
+    if [[ -n ${SERIAL:-} ]]; then
+        setsid nohup bash "$DEV/serial.sh" > "$DEV/logs/serial.log" 2>&1 < /dev/null &
+    fi
     ;;
 parity)     # parity CONFIG [OVERRIDE ...]: quality_parity.py on the config's data once the launched points' map exists
     env_for_device
@@ -100,7 +110,7 @@ wait)       # wait S: until every launched point has its curve row (or S s), the
         while read -r name; do [[ -s $DEV/curve-$name/curve.jsonl ]] || left=$((left + 1)); done < "$DEV/points"
         [[ -f $DEV/logs/parity.log && ! -s $DEV/parity/parity.json ]] && left=$((left + 1))
         (( left == 0 )) && break
-        pgrep -f 'benchmarks/(tau_curve|quality_parity).py' > /dev/null || break   # none left running: one failed
+        pgrep -f 'benchmarks/(tau_curve|quality_parity).py|serial.sh' > /dev/null || break   # none left running: one failed
         sleep 10
     done
     while read -r name; do

@@ -184,6 +184,9 @@ def test_override_parses_yaml_values():
     ("train.lr.x=1", "'lr' is not a section"),
     ("train.lr", "must look like section.field=value"),
     ("train.lr=fast", "train.lr"),
+    ("dataset.sources.9.limit=5", "'9' is not an index of a list of 2 (0 to 1)"),
+    ("dataset.sources.first.limit=5", "'first' is not an index"),
+    ("dataset.sources.0.kind.x=1", "'kind' is not a section"),
 ])
 def test_bad_override_is_an_error_naming_the_path(override, fragment):
     path = find_config("tiny")
@@ -191,6 +194,15 @@ def test_bad_override_is_an_error_naming_the_path(override, fragment):
         load_config(path, [override])
     assert fragment in str(e.value)
     assert str(path) in str(e.value)
+
+
+def test_override_indexes_a_list_by_position():
+    """One entry of a list changes and the others stay: a curve point can scale one dataset source."""
+    base = load_config(find_config("tiny"))
+    cfg = load_config(find_config("tiny"), ["dataset.sources.1.limit=7"])
+    assert cfg.dataset.sources[1].limit == 7 != base.dataset.sources[1].limit
+    assert [s for i, s in enumerate(cfg.dataset.sources) if i != 1] == \
+        [s for i, s in enumerate(base.dataset.sources) if i != 1]
 
 
 def test_override_does_not_mutate_the_file_data():

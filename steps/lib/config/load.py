@@ -18,13 +18,28 @@ from steps.lib.errors import ConfigError
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    """Set `a.b.c` to value; a numeric key indexes a list (`dataset.sources.0.count=20000` sets the first
+    source's count, which a whole-list override would have to repeat every entry for)."""
     keys = dotted.split(".")
-    node = data
+    node: Any = data
     for k in keys[:-1]:
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
+        if isinstance(node, list):
+            node = node[_list_index(node, k, dotted, source)]
+        else:
+            node = node.setdefault(k, {})
+        if not isinstance(node, dict | list):
             raise ConfigError(f"{source}: override {dotted!r}: {k!r} is not a section")
-    node[keys[-1]] = value
+    if isinstance(node, list):
+        node[_list_index(node, keys[-1], dotted, source)] = value
+    else:
+        node[keys[-1]] = value
+
+
+def _list_index(items: list, key: str, dotted: str, source: str) -> int:
+    if not key.isdigit() or int(key) >= len(items):
+        raise ConfigError(f"{source}: override {dotted!r}: {key!r} is not an index of a list of {len(items)} "
+                          f"(0 to {len(items) - 1})")
+    return int(key)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | None, source: str) -> dict[str, Any]:
