@@ -84,12 +84,15 @@ def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]])
             "cache_peak_bytes": train.get("cache_peak_bytes"),
             "tau": verify["tau"], "tau_interval": verify.get("tau_interval"),
             "tau_turn1": verify.get("tau_turn1"), "tau_turn2": verify.get("tau_turn2"),
-            "by_chain_length": {k: {f: v.get(f) for f in ("tau", "tau_interval", "per_position_acceptance")}
+            "by_chain_length": {k: {f: v.get(f) for f in ("tau", "tau_interval", "per_position_acceptance",
+                                                          "rejections_outside_draft_vocab")}
                                 for k, v in by_k.items()},
             "per_position_acceptance": verify["per_position_acceptance"],
             "tau_in_distribution": verify.get("tau_in_distribution"),
             "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
             "draft_vocab_coverage": verify.get("draft_vocab_coverage"),     # answer tokens the draft can propose
+            # rejected drafts whose right token is outside the draft vocab (no training wins them back)
+            "rejections_outside_draft_vocab": verify.get("rejections_outside_draft_vocab"),
             # HumanEval (verify.code_prompts): measured only where the draft never trained on it
             "tau_humaneval": verify.get("tau_humaneval"),
             "tau_interval_humaneval": verify.get("tau_interval_humaneval"),

@@ -37,6 +37,8 @@ def tau_summary(verify: dict[str, Any], control_verify: dict[str, Any]) -> dict[
         "per_position_acceptance": verify["per_position_acceptance"],
         # the share of the target's answer tokens the draft's vocab holds: the rest are never drafted
         "draft_vocab_coverage": verify.get("draft_vocab_coverage"),
+        # of the drafts rejected there, the share whose right token was outside that vocab
+        "rejections_outside_draft_vocab": verify.get("rejections_outside_draft_vocab"),
         "num_steps": verify["num_steps"],
         "speedup_reference_engine": verify.get("speedup"),
     }
@@ -76,6 +78,8 @@ def print_summary(s: dict[str, Any]) -> None:
     if s.get("draft_vocab_coverage") is not None:
         print(f"the draft's vocab holds {s['draft_vocab_coverage']:.1%} of the target's MT-bench answer tokens "
               "(the rest are never drafted; mapping.draft_vocab_size sets it)")
+    if s.get("rejections_outside_draft_vocab") is not None:
+        print(f"{s['rejections_outside_draft_vocab']:.1%} of the rejected drafts were tokens outside the draft's vocab")
     if s["acceptance_length_in_distribution"] is not None:
         print(f"acceptance length τ on held-out prompts of the training sources: "
               f"{s['acceptance_length_in_distribution']:.2f}"

@@ -17,7 +17,9 @@ prompts are decoded by the `serve.engine` server started from the export (SGLang
 or the reference server), plain on the baseline, then speculatively, one server at a time
 (`steps.lib.serving.offline`); accept counts come from each request's meta_info, the record is the same.
 Writes: a `verify` artifact with `report.json` (per prompt: tokens, accept histogram, timings) and
-metrics τ, per-position acceptance, accept histogram, tokens/s speculative vs plain, speedup.
+metrics τ, per-position acceptance, accept histogram, tokens/s speculative vs plain, speedup, and on MT-bench the
+draft vocab's share of the target's answer tokens (`draft_vocab_coverage`) and of the rejections
+(`rejections_outside_draft_vocab`).
 Speculative output must equal plain greedy output for every prompt; any mismatch fails the step.
 
     python -m steps.verify --config tiny --export <export_id> --target <target_id>
@@ -39,7 +41,7 @@ from steps.lib.data.prompts import held_out_prompts, humaneval_prompts, in_distr
 from steps.lib.formats.sglang import sglang_layer_ids
 from steps.lib.formats.sglang_loader import draft_vocab, load_sglang_draft
 from steps.lib.layer_ids import target_architecture
-from steps.lib.metrics import AcceptStats, tau_interval
+from steps.lib.metrics import AcceptStats, rejected_tokens, tau_interval
 from steps.lib.model.batched_engine import BatchedEngine
 from steps.lib.model.decode import decode
 from steps.lib.model.reference_engine import Engine
@@ -128,9 +130,12 @@ def measure(engine: Engine, prompts: list[Prompt], max_new_tokens: int, eos: Any
 
 
 def compare(decoding: Decoding, prompts: list[Prompt], k: int, *, tie_tolerance: float = 0.0,
-            plain: list[Output] | None = None) -> tuple[AcceptStats, list[dict[str, Any]]]:
+            plain: list[Output] | None = None, proposable: set[int] | None = None
+            ) -> tuple[AcceptStats, list[dict[str, Any]]]:
     """Run every prompt speculatively at chain length k and plainly (`plain` when already decoded); per-prompt
-    records with timings and equality. A first difference whose logit gap is within `tie_tolerance` is a near tie."""
+    records with timings and equality. A first difference whose logit gap is within `tie_tolerance` is a near tie.
+    Given the target ids the draft can propose, and where the engine counted its verify steps in order (decoded
+    here), each record also counts its rejected drafts and those whose right token the draft vocab lacks."""
     plain = decoding.plain(prompts) if plain is None else plain
     total, rows = AcceptStats(k), []
     for (pid, ids), (spec, stats, spec_s), (ref, plain_s) in zip(prompts, decoding.spec(prompts, k), plain,
@@ -140,6 +145,10 @@ def compare(decoding: Decoding, prompts: list[Prompt], k: int, *, tie_tolerance:
         row = {"id": pid, "num_steps": k, "prompt_tokens": len(ids), "tokens": len(spec), "spec_s": spec_s,
                "plain_s": plain_s, "accept_histogram": stats.histogram, "tau": stats.tau,
                "match": first_diff is None, "first_diff": first_diff}
+        if proposable is not None and len(stats.rounds) == stats.verify_steps:
+            rejected = rejected_tokens(spec, stats.rounds, k)
+            row |= {"rejections": len(rejected),
+                    "rejections_outside_draft_vocab": sum(t not in proposable for t in rejected)}
         if (key := differing_tokens(ids, spec, ref)) is not None:
             gap = decoding.gap(list(key[0]), key[1], key[2])
             row |= {"logit_gap": gap, "near_tie": gap <= tie_tolerance, "match": gap <= tie_tolerance}
@@ -214,7 +223,7 @@ def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, pro
     target's own first answers; the served k's figures are the headline, every k's under `by_chain_length`.
     Given the target ids the draft can propose (`proposable`), also `draft_vocab_coverage`: the share of the
     target's answer tokens among them (a token outside is never drafted, so its position is rejected whatever the
-    draft learned)."""
+    draft learned), and, decoded here, `rejections_outside_draft_vocab` at each k: the rejections it caused."""
     v = cfg.verify
     first = held_out_prompts(cfg, tokenizer)
     turns = [(1, first, decoding.plain(first))]
@@ -228,16 +237,28 @@ def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, pro
     for k in v.chain_lengths or [cfg.serve.num_steps]:
         total, rows, per_turn = AcceptStats(k), [], {}
         for turn, prompts, plain in turns:
-            turn_total, turn_rows = compare(decoding, prompts, k, tie_tolerance=v.tie_tolerance, plain=plain)
+            turn_total, turn_rows = compare(decoding, prompts, k, tie_tolerance=v.tie_tolerance, plain=plain,
+                                            proposable=proposable)
             total.merge(turn_total)
             per_turn[f"tau_turn{turn}"] = turn_total.tau
             rows += [{**r, "turn": turn} for r in turn_rows]
-        by_k[k] = {**summarize(total, rows, seed=cfg.seed, samples=v.bootstrap_samples), **per_turn}
+        by_k[k] = {**summarize(total, rows, seed=cfg.seed, samples=v.bootstrap_samples), **per_turn,
+                   **outside_vocab_share(rows)}
         all_rows += rows
     metrics = dict(by_k[cfg.serve.num_steps]) | coverage
     if v.chain_lengths is not None:
         metrics["by_chain_length"] = {str(k): m for k, m in by_k.items()}
     return metrics, all_rows
+
+
+def outside_vocab_share(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """`rejections_outside_draft_vocab`: the share of rejected drafts whose right token is outside the draft vocab
+    (at most that share of rejections could training win back), where the records count them."""
+    counted = [r for r in rows if "rejections" in r]
+    rejections = sum(r["rejections"] for r in counted)
+    if not counted or not rejections:
+        return {}
+    return {"rejections_outside_draft_vocab": sum(r["rejections_outside_draft_vocab"] for r in counted) / rejections}
 
 
 def served_decoding(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, tokenizer: Any,

@@ -17,9 +17,12 @@ from torch import Tensor
 
 @dataclass
 class AcceptStats:
-    """Accept counts: `histogram[j]` = verify steps that accepted exactly j drafts."""
+    """Accept counts: `histogram[j]` = verify steps that accepted exactly j drafts; `rounds`, where an engine
+    decoded here counted them (`add`), each verify step's count in decoding order (a served engine reports only
+    totals), which places every rejection in the output (`rejected_tokens`)."""
     num_steps: int
     histogram: list[int] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.histogram:
@@ -27,10 +30,12 @@ class AcceptStats:
 
     def add(self, accepted: int) -> None:
         self.histogram[accepted] += 1
+        self.rounds.append(accepted)
 
     def merge(self, other: AcceptStats) -> None:
         for j, c in enumerate(other.histogram):
             self.histogram[j] += c
+        self.rounds += other.rounds
 
     @property
     def verify_steps(self) -> int:
@@ -54,6 +59,20 @@ class AcceptStats:
         return {"tau": self.tau, "per_position_acceptance": self.per_position,
                 "verify_steps": self.verify_steps, "accepted_drafts": self.accepted_drafts,
                 "accept_histogram": list(self.histogram), "num_steps": self.num_steps}
+
+
+def rejected_tokens(tokens: list[int], rounds: list[int], num_steps: int) -> list[int]:
+    """The target's token at each rejected draft of one greedy speculative output: the first new token comes
+    from the prefill, then each verify step emits its accepted drafts and the target's own next token, which
+    replaces a rejected draft where fewer than `num_steps` were accepted. A token the draft vocab lacks at such a
+    position is a rejection no training could have avoided."""
+    out, pos = [], 1
+    for accepted in rounds:
+        at = pos + accepted
+        if accepted < num_steps and at < len(tokens):
+            out.append(tokens[at])
+        pos = at + 1
+    return out
 
 
 def accepted_prefix(match: Tensor) -> Tensor:

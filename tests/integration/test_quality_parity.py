@@ -56,6 +56,7 @@ def test_the_curve_and_the_harness_train_both_drafts_on_the_tiny_target_and_meas
     assert row["point"] == "p" and row["answers"] > 0 and row["answer_tokens"] > 0
     assert 1.0 <= row["tau"] <= 5.0 and row["mismatches"] == 0 and row["storage_dtype"] == "bfloat16"
     assert set(row["ids"]) == {"target", "dataset", "hidden", "vocab", "draft", "export", "verify"}
+    assert 0 < row["draft_vocab_coverage"] <= 1 and 0 <= row["rejections_outside_draft_vocab"] <= 1
     assert "| p |" in (out / "curve.md").read_text()
 
     parity = out / "parity-p"

@@ -45,6 +45,7 @@ def test_batched_rows_equal_plain_greedy_and_the_one_request_engine(seed, bigram
         assert out == engine.generate_plain(p, 40)
         assert out == one
         assert stats.histogram == one_stats.histogram
+        assert stats.rounds == one_stats.rounds and len(stats.rounds) == stats.verify_steps   # in the same order
     if bigram:    # rows accepted and rejected in different rounds: the masks' holes differ from row to row
         assert len({tuple(stats.histogram) for _, stats in results}) > 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from steps.lib.metrics import AcceptStats, tau_difference_interval, tau_interval
+from steps.lib.metrics import AcceptStats, rejected_tokens, tau_difference_interval, tau_interval
 
 # per-prompt accept histograms (k = 3) of very different prompts: τ 1.0, 4.0, 2.5, 1.75
 HISTOGRAMS = [[10, 0, 0, 0], [0, 0, 0, 5], [2, 2, 2, 2], [6, 0, 2, 0]]
@@ -48,3 +48,24 @@ def test_the_paired_difference_separates_two_drafts_whose_own_intervals_overlap(
     assert tau_difference_interval(many, many, seed=0) == [0.0, 0.0]
     with pytest.raises(ValueError, match="same prompts"):
         tau_difference_interval(many, many[:-1], seed=0)
+
+
+def test_rejected_tokens_walks_the_verify_steps_through_the_output():
+    """k = 3. Token 10 comes from the prefill; step 1 accepts 11 and the target's 12 replaces its second draft;
+    step 2 accepts nothing (13 replaces the first draft); step 3 accepts 14, 15, 16 and adds the bonus 17 (no
+    rejection); step 4 accepts 18, and its own token falls past the output's end (cut at max_new_tokens)."""
+    tokens = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    assert rejected_tokens(tokens, [1, 0, 3, 1], 3) == [12, 13]
+    assert rejected_tokens(tokens, [1, 0, 3, 1], 4) == [12, 13, 17]      # at k = 4, three accepted is a rejection
+    assert rejected_tokens(tokens[:1], [], 3) == []
+
+
+def test_accept_stats_keep_the_order_of_their_verify_steps():
+    a, b = AcceptStats(3), AcceptStats(3)
+    for n in (2, 0, 3):
+        a.add(n)
+    b.add(1)
+    assert a.rounds == [2, 0, 3] and a.histogram == [1, 0, 1, 1]
+    a.merge(b)
+    assert a.rounds == [2, 0, 3, 1] and a.verify_steps == 4
+    assert AcceptStats(3, [1, 0, 1, 1]) == AcceptStats(3, [1, 0, 1, 1], rounds=[0, 2, 3])   # counts decide equality

@@ -221,6 +221,58 @@ def test_verify_reports_the_share_of_the_targets_answer_tokens_the_draft_vocab_h
     assert draft_vocab(bare) == set(range(VD))
 
 
+def test_compare_counts_the_rejections_whose_token_the_draft_vocab_lacks():
+    """Hand-worked, k = 3 (the walk of tests/unit/test_metrics.py): prompt a rejects drafts where 12 and 13 were
+    right, prompt b where 13 was; with 12 in the vocab and 13 not, two of the three rejections are the vocab's.
+    A served engine's counts have no order: its records carry no such count, and the share is left out."""
+    from steps.lib.metrics import AcceptStats
+
+    outputs = {"a": ([10, 11, 12, 13, 14, 15, 16, 17, 18], [1, 0, 3, 1]), "b": ([12, 13], [0])}
+
+    def spec(prompts, k):
+        out = []
+        for pid, _ in prompts:
+            tokens, rounds = outputs[pid]
+            stats = AcceptStats(k)
+            for n in rounds:
+                stats.add(n)
+            out.append((tokens, stats, 1.0))
+        return out
+
+    decoding = verify.Decoding(3, plain=lambda ps: [(outputs[pid][0], 1.0) for pid, _ in ps], spec=spec,
+                               gap=lambda *_: 0.0)
+    _, rows = verify.compare(decoding, [("a", [1]), ("b", [2])], 3, proposable={12, 20})
+    assert [(r["rejections"], r["rejections_outside_draft_vocab"]) for r in rows] == [(2, 1), (1, 1)]
+    assert verify.outside_vocab_share(rows) == {"rejections_outside_draft_vocab": 2 / 3}
+    served = verify.Decoding(3, plain=decoding.plain, gap=decoding.gap,
+                             spec=lambda ps, k: [(o[0], AcceptStats(k, o[1].histogram), 1.0) for o in spec(ps, k)])
+    _, rows = verify.compare(served, [("a", [1])], 3, proposable={12})
+    assert "rejections" not in rows[0] and verify.outside_vocab_share(rows) == {}
+
+
+def test_verify_counts_the_rejections_the_draft_vocab_makes_unavoidable(world, copying_world):
+    """Through the real engines: the random draft accepts nothing, so each answer token after the prefill's
+    replaced a rejected draft, and this tiny target's answers are a token its exported draft vocab lacks (every
+    rejection is the vocab's). The copying draft's vocab holds every answer token: none of its rejections is."""
+    from steps.lib.formats.sglang_loader import draft_vocab
+
+    hot = draft_vocab(artifacts.export_dir(world["store"], world["export_id"], "sglang"))
+    engine, tok = engine_of(world)
+    prompts = held_out_prompts(world["cfg"], tok)
+    decoding = verify.local_decoding(engine, world["cfg"].verify.max_new_tokens, tok.eos_token_id)
+    answers = [out for out, _ in decoding.plain(prompts)]
+    _, rows = verify.compare(decoding, prompts, engine.k, proposable=hot)
+    for r, answer in zip(rows, answers, strict=True):
+        assert not any(r["accept_histogram"][1:]) and r["rejections"] == len(answer) - 1 > 0
+        assert r["rejections_outside_draft_vocab"] == sum(t not in hot for t in answer[1:])
+    m = verify.run(world["cfg"], world["store"], world["export_id"], world["target_id"])
+    assert m.metrics["rejections_outside_draft_vocab"] == verify.outside_vocab_share(rows)[
+        "rejections_outside_draft_vocab"] == 1.0
+    copying = verify.run(copying_world["cfg"], copying_world["store"], copying_world["export_id"],
+                         copying_world["target_id"])
+    assert copying.metrics["rejections_outside_draft_vocab"] == 0.0 and copying.metrics["tau"] > 1.5
+
+
 @pytest.mark.parametrize("which", ["world", "copying_world"])
 def test_batched_verify_measures_what_the_one_prompt_at_a_time_path_measures(which, request):
     w = request.getfixturevalue(which)
