@@ -253,7 +253,7 @@ def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, pro
 
 def outside_vocab_share(rows: list[dict[str, Any]]) -> dict[str, float]:
     """`rejections_outside_draft_vocab`: the share of rejected drafts whose right token is outside the draft vocab
-    (at most that share of rejections could training win back), where the records count them."""
+    (rejections no training wins back: a token outside the map is never drafted), where the records count them."""
     counted = [r for r in rows if "rejections" in r]
     rejections = sum(r["rejections"] for r in counted)
     if not counted or not rejections:
