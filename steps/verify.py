@@ -11,7 +11,8 @@ chat template, greedy, `verify.max_new_tokens`, chain of `serve.num_steps` draft
 config refuses it where HumanEval is trained on).
 `verify.turns: 2` adds the second turns after the target's own first answers; `verify.chain_lengths` measures
 several k (the served one is the headline, every one under `by_chain_length`); `verify.batch_size` decodes
-prompts together (`steps.lib.model.batched_engine`); each τ has a seeded 95% bootstrap `tau_interval`.
+prompts together (`steps.lib.model.batched_engine`); each τ has a seeded 95% bootstrap `tau_interval`;
+`verify.dtype: bfloat16` decodes target and draft in the served dtype (float32 by default: exact comparisons).
 `verify.engine: server` (a target that does not fit one device) loads neither target nor draft here: the same
 prompts are decoded by the `serve.engine` server started from the export (SGLang with the derived EAGLE3 flags,
 or the reference server), plain on the baseline, then speculatively, one server at a time
@@ -109,7 +110,8 @@ class Decoding:
 
 
 def local_decoding(engine: Engine, max_new_tokens: int, eos: Any, *, batch_size: int = 1) -> Decoding:
-    """The target and draft loaded here: the reference engine (at any chain length) and its float32 gaps."""
+    """The target and draft loaded here: the reference engine (at any chain length) and its logit gaps (in the
+    dtype they decode in)."""
     def spec(prompts: list[Prompt], k: int) -> list[SpecOutput]:
         at_k = engine if k == engine.k else Engine(engine.target, engine.tokenizer, engine.draft,
                                                    layer_ids=engine.layer_ids, num_steps=k, algorithm=engine.algorithm)
@@ -317,16 +319,20 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str) -> Ma
                 "dropped_keys": loaded.get("dropped"), "missing_params": loaded.get("missing"),
                 "engine": "server", "server": {"engine": cfg.serve.engine, "version": info.get("version")}}
     else:
-        target, tokenizer = load_target(store, target_id, device=inference_device())
+        dtype = getattr(torch, v.dtype)
+        target, tokenizer = load_target(store, target_id, device=inference_device(), dtype=dtype)
         in_prompts = in_distribution_prompts(cfg, tokenizer) if in_dist else []
         code = humaneval_prompts(tokenizer, v.code_prompts)
         draft, report = load_sglang_draft(sglang_dir, target=target)     # SGLang's rules, not ours
+        draft = draft.to(dtype)
         served = sglang_layer_ids(sglang_dir, target_architecture(target.config.to_dict()))   # F4, as SGLang shifts
         engine = Engine(target, tokenizer, draft, layer_ids=served, num_steps=cfg.serve.num_steps)
         decoding = local_decoding(engine, v.max_new_tokens, tokenizer.eos_token_id, batch_size=v.batch_size)
         load_report = report.to_dict()
         meta = {"layer_ids": engine.layer_ids, "algorithm": engine.algorithm, "dropped_keys": report.dropped,
-                "missing_params": report.missing}
+                "missing_params": report.missing,     # the dtype the weights decoded in, read off them
+                "dtype": {"target": str(next(target.parameters()).dtype).removeprefix("torch."),
+                          "draft": str(next(draft.parameters()).dtype).removeprefix("torch.")}}
     metrics, rows = measure_mtbench(cfg, decoding, tokenizer, draft_vocab(sglang_dir))
     for split, prompts in (("in_distribution", in_prompts), ("humaneval", code)):
         if prompts:     # one turn at the served k, each figure under its split's suffix

@@ -312,6 +312,19 @@ def test_verify_measures_both_turns_with_the_targets_own_first_answer_as_history
     assert verify.verify_section(cfg) != verify.verify_section(w["cfg"])
 
 
+def test_verify_decodes_in_the_served_dtype_when_asked(copying_world):
+    """verify.dtype bfloat16: target and draft decode in bf16 (read off their weights, not the config), the id
+    changes, and the bigram target's margins survive the rounding, so the hand-worked τ of 26/7 holds."""
+    w = copying_world
+    fp32 = verify.run(w["cfg"], w["store"], w["export_id"], w["target_id"])
+    cfg = with_verify(w["cfg"], dtype="bfloat16", tie_tolerance=1.0)
+    m = verify.run(cfg, w["store"], w["export_id"], w["target_id"])
+    assert fp32.meta["dtype"] == {"target": "float32", "draft": "float32"}
+    assert m.meta["dtype"] == {"target": "bfloat16", "draft": "bfloat16"} and m.id != fp32.id
+    assert m.metrics["tau"] == pytest.approx(26 / 7) and m.metrics["mismatches"] == 0
+    assert verify.verify_section(with_verify(w["cfg"], dtype="float32")) == verify.verify_section(w["cfg"])
+
+
 def test_verify_gives_each_chain_length_its_tau_and_the_served_one_as_headline(copying_world):
     w = copying_world
     k = w["cfg"].serve.num_steps
@@ -413,3 +426,15 @@ def test_the_served_logit_gap_is_the_in_process_one(copying_world):
     with offline.one_server(w["cfg"], w["store"], w["export_id"], w["target_id"], baseline=True) as (url, _):
         served = client.logit_gap(url, ids, 5, 9)
     assert served == pytest.approx(verify.logit_gap(engine, ids, 5, 9), abs=1e-4) and served != 0.0
+
+
+def test_dtype_flips_counts_where_bf16_greedy_leaves_float32_greedy(world, capsys):
+    """benchmarks/dtype_flips.py: every flip's float32 gap is ≥ 0 (float32's own argmax is the top), and the
+    positions are the answer tokens it decoded (prompt's last position included)."""
+    from benchmarks import dtype_flips
+
+    assert dtype_flips.main(["--store", world["store"].uri, "--target", world["target_id"], "--config", "tiny",
+                             "--prompts", "2", "--tokens", "12"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 2 <= out["positions"] <= 2 * 13 and out["flips"] == len(out["float32_gaps"]) <= out["positions"]
+    assert all(g >= 0 for g in out["float32_gaps"]) and out["flip_share"] == out["flips"] / out["positions"]

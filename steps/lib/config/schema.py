@@ -388,11 +388,16 @@ class VerifyConfig(Section):
     #: the `serve.engine` server (SGLang with the derived EAGLE3 flags, or the reference server), one at a
     #: time (plain, then speculative), for a target that does not fit one device (target.tensor_parallel_size > 1).
     engine: Literal["local", "server"] = "local"
+    #: the dtype the target and the draft decode in here (engine: local; a server decodes in its own).
+    #: float32: exact comparisons, near ties rare. bfloat16: what serving runs and what the draft was trained
+    #: on (bf16 answers and hidden states on a GPU), so τ as SGLang would see it; its argmax flips between a
+    #: k+1-token and a one-token forward at gaps of a few bf16 ulps, so it needs a tie_tolerance of ~1.
+    dtype: Literal["float32", "bfloat16"] = "float32"
 
     #: fields whose default leaves the verify id as it was before they existed.
     ID_NEUTRAL_DEFAULTS: ClassVar[dict[str, object]] = {"turns": 1, "chain_lengths": None, "tie_tolerance": 0.0,
                                                         "bootstrap_samples": 1000, "engine": "local",
-                                                        "code_prompts": 0}
+                                                        "code_prompts": 0, "dtype": "float32"}
 
 
 class ServeConfig(Section):

@@ -71,7 +71,7 @@ class BatchedEngine:
                        output_hidden_states=True, **{e._cache_kw: b.target_cache})
         hs = out.hidden_states
         feats = hs[-1] if e.algorithm == "EAGLE" else torch.cat([hs[i] for i in e.layer_ids], dim=-1)
-        return out.logits.argmax(-1), feats.float()
+        return out.logits.argmax(-1), feats.to(e.feature_dtype)
 
     # --- the draft: catch up on each row's real positions, then chain k tokens -------------------------------
 

@@ -64,6 +64,9 @@ class Engine:
         if isinstance(draft, torch.nn.Module):
             draft = draft.to(self.device)
         self.target, self.tokenizer, self.draft = target.eval(), tokenizer, draft
+        # the draft reads the target's features in its own dtype (float32, or bf16 as served)
+        self.feature_dtype = (next(draft.parameters()).dtype if isinstance(draft, torch.nn.Module)
+                              else torch.float32)
         self.layer_ids, self.k, self.algorithm = list(layer_ids), num_steps, algorithm
         self._cache_kw = cache_kwarg(target)
 
@@ -86,7 +89,7 @@ class Engine:
         out = self._target(ids, cache, output_hidden_states=True)
         hs = out.hidden_states                                   # N+1 tensors [1, S, Ht]
         feats = hs[-1] if self.algorithm == "EAGLE" else torch.cat([hs[i] for i in self.layer_ids], dim=-1)
-        return out.logits[0].argmax(-1), feats[0].float()
+        return out.logits[0].argmax(-1), feats[0].to(self.feature_dtype)
 
     # --- the draft: catch up on real positions, then chain k tokens --------------------------------------
 
