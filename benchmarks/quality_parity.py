@@ -192,9 +192,9 @@ def measure_dir(cfg, target, tokenizer, sglang_dir: Path, prompts: list[tuple[st
 
 def paired_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], *, seed: int, samples: int
                       ) -> dict[str, dict[str, Any]]:
-    """τ(ours) − τ(theirs) at each chain length both were measured at, with its paired 95% bootstrap interval
-    over the prompts (`tau_difference_interval`: the same prompts resampled for both). Rows pair by prompt id,
-    turn and chain length; both drafts must have been measured on the same prompts."""
+    """τ(ours) − τ(theirs) at each chain length both were measured at (each τ beside), with its paired 95%
+    bootstrap interval over the prompts (`tau_difference_interval`: the same prompts resampled for both). Rows
+    pair by prompt id, turn and chain length; both drafts must have been measured on the same prompts."""
     from steps.lib.metrics import AcceptStats, tau_difference_interval
 
     def by_k(rows: list[dict[str, Any]]) -> dict[int, dict[tuple, list[int]]]:
@@ -217,7 +217,8 @@ def paired_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], 
                               f"({len(a[k])} against {len(b[k])}); a paired difference needs the same ones")
         keys = sorted(a[k])
         ha, hb = [a[k][key] for key in keys], [b[k][key] for key in keys]
-        difference[str(k)] = {"tau": pooled_tau(ha) - pooled_tau(hb), "prompts": len(keys),
+        difference[str(k)] = {"tau": pooled_tau(ha) - pooled_tau(hb), "ours": pooled_tau(ha), "theirs": pooled_tau(hb),
+                              "prompts": len(keys),
                               "interval": tau_difference_interval(ha, hb, seed=seed, samples=samples)}
     return difference
 

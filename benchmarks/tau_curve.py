@@ -11,8 +11,17 @@ A point is NAME=OVERRIDE[,OVERRIDE...] on top of the common `--set`s. Points run
 step's artifact is reused by id, so a run cut short (a device call's time limit) resumes where it stopped,
 and a point already in OUT/curve.jsonl with the same overrides is not measured again. `--parity NAME` then
 runs benchmarks/quality_parity.py's harness on that point's data (speculators 0.9.0 vs eaglenest, same
-batches). Writes OUT/curve.jsonl (a row per point), OUT/curve.md and, with --parity, OUT/parity-NAME/.
-Imports no Prefect: it runs as plain steps on the GPU machine (`steps.registry.run_step`).
+batches). Writes OUT/curve.jsonl (a row per point, with each MT-bench prompt's accept histogram at each k),
+OUT/curve.md and, with --parity, OUT/parity-NAME/. Imports no Prefect: it runs as plain steps on the GPU machine
+(`steps.registry.run_step`).
+
+Two measured points, compared on the same prompts (no run; a point is NAME in OUT/curve.jsonl or FILE:NAME):
+
+    python benchmarks/tau_curve.py --out out/curve --compare bf16 chat
+    python benchmarks/tau_curve.py --compare results-a.jsonl:v32k results-b.jsonl:b16e8
+
+prints τ(A) − τ(B) at each chain length with its paired 95% bootstrap interval: differences of a few hundredths,
+which two intervals taken apart cannot resolve.
 """
 
 from __future__ import annotations
@@ -64,6 +73,16 @@ def run_point(config: str, overrides: list[str], store_uri: str) -> dict[str, An
         ids[OUTPUT[step]] = rec["id"]
         records[step] = rec
     return records
+
+
+def mtbench_rows(store_uri: str, verify_id: str) -> list[dict[str, Any]]:
+    """Each MT-bench prompt's accept histogram at each chain length, from the verify report: what a paired
+    comparison of two points needs (`--compare`)."""
+    from steps.lib.store import open_store
+
+    report = json.loads(open_store(store_uri).fetch_file("verify", verify_id, "report.json").read_text())
+    return [{f: r.get(f) for f in ("id", "turn", "num_steps", "accept_histogram")}
+            for r in report["prompts"] if "split" not in r]
 
 
 def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -119,6 +138,31 @@ def table(rows: list[dict[str, Any]]) -> str:
         for r in rows) + "\n"
 
 
+def measured_row(ref: str, default: Path) -> dict[str, Any]:
+    """The curve row `ref` names: NAME (in `default`) or FILE:NAME (the last row of that name: a re-measure wins)."""
+    path, _, name = ref.rpartition(":")
+    path = Path(path) if path else default
+    rows = [r for r in map(json.loads, path.read_text().splitlines()) if r["point"] == name] if path.exists() else []
+    if not rows:
+        raise SystemExit(f"--compare {ref}: no point {name!r} in {path}")
+    if not rows[-1].get("mtbench_rows"):
+        raise SystemExit(f"--compare {ref}: {path} keeps no per-prompt histograms for {name!r} (a row measured "
+                         "before they were kept); measure the point again")
+    return rows[-1]
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], *, samples: int = 1000) -> str:
+    """τ(a) − τ(b) at each chain length both measured, paired over MT-bench prompts, as a markdown table."""
+    from benchmarks.quality_parity import paired_difference
+
+    diff = paired_difference(a["mtbench_rows"], b["mtbench_rows"], seed=0, samples=samples)
+    head = (f"| k | τ {a['point']} | τ {b['point']} | {a['point']} − {b['point']} [95% paired] | prompts |\n"
+            "|---|---|---|---|---|\n")
+    return head + "\n".join(
+        f"| {k} | {d['ours']:.3f} | {d['theirs']:.3f} | {d['tau']:+.3f} [{d['interval'][0]:+.3f}, "
+        f"{d['interval'][1]:+.3f}] | {d['prompts']} |" for k, d in diff.items()) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="smollm2-135m")
@@ -129,7 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parity", metavar="NAME", help="run the parity harness on this point's data last")
     ap.add_argument("--venv", type=Path, default=None,
                     help="speculators' venv or interpreter (default: quality_parity's .venv-speculators)")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                    help="τ(A) − τ(B) of two measured points on the same prompts (NAME in OUT/curve.jsonl, "
+                         "or FILE:NAME); runs nothing")
     args = ap.parse_args(argv)
+    if args.compare:
+        print(compare(*(measured_row(ref, args.out / "curve.jsonl") for ref in args.compare)), flush=True)
+        return 0
     import torch
 
     points = [parse_point(p) for p in args.points] or [("default", [])]
@@ -144,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: measured already ({log})", flush=True)
             continue
         print(f"{name}: {' '.join(overrides) or '(config as is)'}", flush=True)
-        row = row_for(name, overrides, run_point(args.config, overrides, args.store))
-        row |= {"config": args.config, "machine": machine, "date": datetime.now(UTC).strftime("%Y-%m-%d")}
+        records = run_point(args.config, overrides, args.store)
+        row = row_for(name, overrides, records)
+        row |= {"config": args.config, "machine": machine, "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+                "mtbench_rows": mtbench_rows(args.store, records["verify"]["id"])}
         rows.append(row)
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -44,7 +44,8 @@ def test_speculators_batches_are_shifted_as_its_shift_batch_and_packed_by_docume
     assert out["document_ids"].tolist() == [[0, 0, 1, 2, 2, 2]]
 
 
-def test_the_curve_and_the_harness_train_both_drafts_on_the_tiny_target_and_measure_both(tmp_path, monkeypatch):
+def test_the_curve_and_the_harness_train_both_drafts_on_the_tiny_target_and_measure_both(tmp_path, monkeypatch,
+                                                                                            capsys):
     """benchmarks/tau_curve.py on one point (target → verify), then the parity harness on that point's data."""
     venv = _venv()
     monkeypatch.setenv("EAGLENEST_CACHE", str(tmp_path / "cache"))
@@ -58,6 +59,12 @@ def test_the_curve_and_the_harness_train_both_drafts_on_the_tiny_target_and_meas
     assert set(row["ids"]) == {"target", "dataset", "hidden", "vocab", "draft", "export", "verify"}
     assert 0 < row["draft_vocab_coverage"] <= 1 and 0 <= row["rejections_outside_draft_vocab"] <= 1
     assert "| p |" in (out / "curve.md").read_text()
+    # each MT-bench prompt's histogram is kept, so two points compare paired; a point against itself differs by 0
+    k = 4
+    assert len(row["mtbench_rows"]) == row["verify_prompts"] and {len(r["accept_histogram"]) for r in
+                                                                   row["mtbench_rows"]} == {k + 1}
+    assert tau_curve.main(["--out", str(out), "--compare", "p", "p"]) == 0
+    assert f"| {k} | {row['tau']:.3f} | {row['tau']:.3f} | +0.000 [+0.000, +0.000] | 2 |" in capsys.readouterr().out
 
     parity = out / "parity-p"
     result = json.loads((parity / "parity.json").read_text())
