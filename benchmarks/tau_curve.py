@@ -117,6 +117,9 @@ def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]])
             "tau_interval_humaneval": verify.get("tau_interval_humaneval"),
             "per_position_acceptance_humaneval": verify.get("per_position_acceptance_humaneval"),
             "verify_prompts": verify["prompts"], "mismatches": verify["mismatches"],
+            # what the weights decoded in (verify.dtype), and the speculative outputs that left plain greedy's at a
+            # gap within verify.tie_tolerance (bf16 flips)
+            "verify_dtype": records["verify"]["meta"].get("dtype"), "near_ties": verify.get("near_ties"),
             "ids": {OUTPUT[s]: r["id"] for s, r in records.items()},
             "seconds": {s: r["seconds"] for s, r in records.items()}}
 
