@@ -335,6 +335,12 @@ def test_the_chain_length_is_one_field_read_by_verify_and_serving():
         assert "num_steps" not in yaml.safe_load(path.read_text()).get("verify", {}), path
 
 
+def test_a_verify_dtype_a_server_would_ignore_is_refused():
+    assert parse_config(minimal(verify={"dtype": "bfloat16"})).verify.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="verify.dtype=bfloat16 with verify.engine=server"):
+        parse_config(minimal(verify={"dtype": "bfloat16", "engine": "server"}))
+
+
 # --- hashes -----------------------------------------------------------------------------------------
 
 def test_section_hash_is_stable_across_loads_and_key_order():

@@ -399,6 +399,14 @@ class VerifyConfig(Section):
                                                         "bootstrap_samples": 1000, "engine": "local",
                                                         "code_prompts": 0, "dtype": "float32"}
 
+    @model_validator(mode="after")
+    def _dtype_is_local(self) -> VerifyConfig:
+        if self.engine == "server" and self.dtype != "float32":
+            raise ValueError(f"verify.dtype={self.dtype} with verify.engine=server: a server decodes in its own "
+                             "dtype (SGLang's --dtype), so this field would be ignored; drop verify.dtype, or "
+                             "set verify.engine: local")
+        return self
+
 
 class ServeConfig(Section):
     engine: Literal["sglang", "reference"] = "reference"
