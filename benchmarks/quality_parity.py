@@ -195,19 +195,13 @@ def paired_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], 
     """τ(ours) − τ(theirs) at each chain length both were measured at (each τ beside), with its paired 95%
     bootstrap interval over the prompts (`tau_difference_interval`: the same prompts resampled for both). Rows
     pair by prompt id, turn and chain length; both drafts must have been measured on the same prompts."""
-    from steps.lib.metrics import AcceptStats, tau_difference_interval
+    from steps.lib.metrics import pooled_tau, tau_difference_interval
 
     def by_k(rows: list[dict[str, Any]]) -> dict[int, dict[tuple, list[int]]]:
         out: dict[int, dict[tuple, list[int]]] = {}
         for r in rows:
             out.setdefault(r["num_steps"], {})[(r["id"], r.get("turn", 1))] = r["accept_histogram"]
         return out
-
-    def pooled_tau(histograms: list[list[int]]) -> float:
-        total = AcceptStats(len(histograms[0]) - 1)
-        for h in histograms:
-            total.merge(AcceptStats(len(h) - 1, list(h)))
-        return total.tau
 
     a, b = by_k(ours), by_k(theirs)
     difference = {}

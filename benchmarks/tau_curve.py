@@ -107,6 +107,7 @@ def row_for(name: str, overrides: list[str], records: dict[str, dict[str, Any]])
                                                           "rejections_outside_draft_vocab")}
                                 for k, v in by_k.items()},
             "per_position_acceptance": verify["per_position_acceptance"],
+            "tau_by_category": verify.get("tau_by_category"),      # MT-bench's eight, both turns, at the served k
             "tau_in_distribution": verify.get("tau_in_distribution"),
             "per_position_acceptance_in_distribution": verify.get("per_position_acceptance_in_distribution"),
             "draft_vocab_coverage": verify.get("draft_vocab_coverage"),     # answer tokens the draft can propose

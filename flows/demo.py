@@ -41,6 +41,8 @@ def tau_summary(verify: dict[str, Any], control_verify: dict[str, Any]) -> dict[
         "rejections_outside_draft_vocab": verify.get("rejections_outside_draft_vocab"),
         "num_steps": verify["num_steps"],
         "speedup_reference_engine": verify.get("speedup"),
+        # which MT-bench categories the prompts came from, each with its own τ (a few prompts may span only one)
+        "acceptance_length_by_category": {c: m["tau"] for c, m in (verify.get("tau_by_category") or {}).items()},
     }
 
 
@@ -75,6 +77,9 @@ def print_summary(s: dict[str, Any]) -> None:
           f"{_interval(s.get('acceptance_length_interval'))}   untrained draft: "
           f"{s['acceptance_length_random_draft']:.2f}")
     print(f"per-position acceptance: [{pos}]")
+    if s.get("acceptance_length_by_category"):
+        print("MT-bench categories measured: " + ", ".join(f"{c} {t:.2f}"
+                                                         for c, t in s["acceptance_length_by_category"].items()))
     if s.get("draft_vocab_coverage") is not None:
         print(f"the draft's vocab holds {s['draft_vocab_coverage']:.1%} of the target's MT-bench answer tokens "
               "(the rest are never drafted; mapping.draft_vocab_size sets it)")

@@ -38,11 +38,17 @@ import torch
 
 from steps.lib.artifacts import export_dir, inference_device, load_target, load_tokenizer, target_dir
 from steps.lib.config import PipelineConfig, VerifyConfig, config_dict
-from steps.lib.data.prompts import held_out_prompts, humaneval_prompts, in_distribution_prompts, second_turn_prompts
+from steps.lib.data.prompts import (
+    held_out_prompts,
+    humaneval_prompts,
+    in_distribution_prompts,
+    load_mtbench,
+    second_turn_prompts,
+)
 from steps.lib.formats.sglang import sglang_layer_ids
 from steps.lib.formats.sglang_loader import draft_vocab, load_sglang_draft
 from steps.lib.layer_ids import target_architecture
-from steps.lib.metrics import AcceptStats, rejected_tokens, tau_interval
+from steps.lib.metrics import AcceptStats, pooled_tau, rejected_tokens, tau_interval
 from steps.lib.model.batched_engine import BatchedEngine
 from steps.lib.model.decode import decode
 from steps.lib.model.reference_engine import Engine
@@ -250,7 +256,21 @@ def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, pro
     metrics = dict(by_k[cfg.serve.num_steps]) | coverage
     if v.chain_lengths is not None:
         metrics["by_chain_length"] = {str(k): m for k, m in by_k.items()}
+    served = [r for r in all_rows if r["num_steps"] == cfg.serve.num_steps]
+    metrics["tau_by_category"] = tau_by_category(cfg, served, seed=cfg.seed, samples=v.bootstrap_samples)
     return metrics, all_rows
+
+
+def tau_by_category(cfg: PipelineConfig, rows: list[dict[str, Any]], *, seed: int, samples: int
+                    ) -> dict[str, dict[str, Any]]:
+    """τ of each MT-bench category (both turns of its questions) with its interval, from records at one k: where
+    the draft lags (math, roleplay, ...) says which prompts the training data lacks."""
+    category = {q["id"]: q["category"] for q in load_mtbench(cfg.verify.categories, cfg.verify.num_prompts)}
+    groups: dict[str, list[list[int]]] = {}
+    for r in rows:
+        groups.setdefault(category[r["id"].removesuffix("-turn2")], []).append(r["accept_histogram"])
+    return {name: {"tau": pooled_tau(histograms), "tau_interval": tau_interval(histograms, seed=seed, samples=samples),
+                   "prompts": len(histograms)} for name, histograms in sorted(groups.items())}
 
 
 def outside_vocab_share(rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -94,6 +94,16 @@ def acceptance_length_from_requests(requests: list[dict]) -> float:
     return acceptance_length(correct, verify)
 
 
+def pooled_tau(histograms: list[list[int]]) -> float:
+    """τ of several prompts' accept histograms pooled (as `AcceptStats.merge` pools them); 0 for none."""
+    if not histograms:
+        return 0.0
+    total = AcceptStats(len(histograms[0]) - 1)
+    for h in histograms:
+        total.merge(AcceptStats(len(h) - 1, list(h)))
+    return total.tau
+
+
 def _resampled_taus(histograms: list[list[int]], pick: Tensor) -> Tensor:
     """τ of each resampling `pick` [samples, P] of the prompts' histograms, from its pooled counts."""
     counts = torch.tensor(histograms, dtype=torch.float64)                    # [P, k + 1]

@@ -59,6 +59,7 @@ def test_the_curve_and_the_harness_train_both_drafts_on_the_tiny_target_and_meas
     assert set(row["ids"]) == {"target", "dataset", "hidden", "vocab", "draft", "export", "verify"}
     assert 0 < row["draft_vocab_coverage"] <= 1 and 0 <= row["rejections_outside_draft_vocab"] <= 1
     assert row["verify_dtype"] == {"target": "float32", "draft": "float32"} and row["near_ties"] == 0
+    assert sum(c["prompts"] for c in row["tau_by_category"].values()) == row["verify_prompts"]
     assert "| p |" in (out / "curve.md").read_text()
     # each MT-bench prompt's histogram is kept, so two points compare paired; a point against itself differs by 0
     k = 4

@@ -7,7 +7,8 @@ from flows.demo import print_summary, tau_summary
 VERIFY = {"tau": 1.234, "tau_interval": [1.111, 1.357], "tau_in_distribution": 1.5,
           "tau_interval_in_distribution": [1.4, 1.6], "per_position_acceptance": [0.2, 0.03],
           "num_steps": 2, "speedup": 0.5, "draft_vocab_coverage": 0.9731,
-          "rejections_outside_draft_vocab": 0.0412}
+          "rejections_outside_draft_vocab": 0.0412,
+          "tau_by_category": {"roleplay": {"tau": 1.1, "prompts": 2}, "writing": {"tau": 1.3, "prompts": 3}}}
 
 
 def test_the_summary_carries_and_prints_each_tau_with_its_interval(capsys):
@@ -20,3 +21,4 @@ def test_the_summary_carries_and_prints_each_tau_with_its_interval(capsys):
     assert "training sources: 1.50 (95% interval 1.400–1.600 over prompts)" in out, out
     assert "the draft's vocab holds 97.3% of the target's MT-bench answer tokens" in out, out
     assert "4.1% of the rejected drafts were tokens outside the draft's vocab" in out, out
+    assert "MT-bench categories measured: roleplay 1.10, writing 1.30" in out, out

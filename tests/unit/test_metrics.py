@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from steps.lib.metrics import AcceptStats, rejected_tokens, tau_difference_interval, tau_interval
+from steps.lib.metrics import AcceptStats, pooled_tau, rejected_tokens, tau_difference_interval, tau_interval
 
 # per-prompt accept histograms (k = 3) of very different prompts: τ 1.0, 4.0, 2.5, 1.75
 HISTOGRAMS = [[10, 0, 0, 0], [0, 0, 0, 5], [2, 2, 2, 2], [6, 0, 2, 0]]
-
-
-def pooled_tau(histograms: list[list[int]]) -> float:
-    total = AcceptStats(3)
-    for h in histograms:
-        total.merge(AcceptStats(3, list(h)))
-    return total.tau
 
 
 def test_tau_interval_holds_the_pooled_tau_and_is_the_same_for_the_same_seed():
@@ -69,3 +62,9 @@ def test_accept_stats_keep_the_order_of_their_verify_steps():
     a.merge(b)
     assert a.rounds == [2, 0, 3, 1] and a.verify_steps == 4
     assert AcceptStats(3, [1, 0, 1, 1]) == AcceptStats(3, [1, 0, 1, 1], rounds=[0, 2, 3])   # counts decide equality
+
+
+def test_pooled_tau_counts_every_prompts_steps_together():
+    # prompt 1: one step accepting 0, one accepting 2; prompt 2: two steps accepting 1 -> (0+2+1+1 + 4) / 4
+    assert pooled_tau([[1, 0, 1], [0, 2, 0]]) == pytest.approx(8 / 4)
+    assert pooled_tau([[3, 0, 0]]) == 1.0 and pooled_tau([]) == 0.0

@@ -14,7 +14,8 @@ import torch
 
 from steps import export, verify
 from steps.lib import artifacts, formats
-from steps.lib.data.prompts import held_out_prompts
+from steps.lib.data.prompts import held_out_prompts, load_mtbench
+from steps.lib.metrics import pooled_tau
 from steps.lib.model.reference_engine import Engine
 from steps.lib.store import open_store
 from tests.builders import (
@@ -323,6 +324,24 @@ def test_verify_decodes_in_the_served_dtype_when_asked(copying_world):
     assert m.meta["dtype"] == {"target": "bfloat16", "draft": "bfloat16"} and m.id != fp32.id
     assert m.metrics["tau"] == pytest.approx(26 / 7) and m.metrics["mismatches"] == 0
     assert verify.verify_section(with_verify(w["cfg"], dtype="float32")) == verify.verify_section(w["cfg"])
+
+
+def test_verify_gives_each_mtbench_category_its_tau_over_both_turns(copying_world):
+    """Every prompt of the copying world ends in the same token, so each has the hand-worked histogram
+    [0, 1, 0, 6] (first turns); each category pools its questions' two turns, 10 questions apiece."""
+    w = copying_world
+    cfg = with_verify(w["cfg"], categories=["roleplay", "math"], num_prompts=None, turns=2)
+    m = verify.run(cfg, w["store"], w["export_id"], w["target_id"])
+    report = json.loads(w["store"].fetch_file("verify", m.id, "report.json").read_text())
+    by_cat = m.metrics["tau_by_category"]
+    assert set(by_cat) == {"math", "roleplay"} and [c["prompts"] for c in by_cat.values()] == [20, 20]
+    for name, c in by_cat.items():
+        ids = {q["id"] for q in load_mtbench([name])}
+        rows = [r["accept_histogram"] for r in report["prompts"] if r["id"].removesuffix("-turn2") in ids]
+        assert len(rows) == 20 and c["tau"] == pytest.approx(pooled_tau(rows))
+        assert c["tau_interval"][0] <= c["tau"] <= c["tau_interval"][1]
+    first = [r for r in report["prompts"] if r["turn"] == 1]
+    assert all(r["accept_histogram"] == [0, 1, 0, 6] for r in first)
 
 
 def test_verify_gives_each_chain_length_its_tau_and_the_served_one_as_headline(copying_world):
