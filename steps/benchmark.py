@@ -34,7 +34,7 @@ from typing import Any
 
 from steps.lib.artifacts import load_tokenizer
 from steps.lib.config import BenchmarkConfig, PipelineConfig, config_dict
-from steps.lib.data.prompts import held_out_prompts, humaneval_prompts
+from steps.lib.data.prompts import held_out_prompts, humaneval_prompts, mtbench_selection
 from steps.lib.http import get_json, json_stream
 from steps.lib.metrics import AcceptStats, acceptance_length_from_requests
 from steps.lib.runtime.processes import forwarding_signals
@@ -282,8 +282,9 @@ def run(cfg: PipelineConfig, store: Store, export_id: str, target_id: str, *, ba
     `attempt` > 1 asks for a new measurement of the same export (after the gate relaunched serving).
     """
     settings = settings_for(cfg)
-    # verify's section for its prompt selection; where verify decodes (verify.engine) is not benchmark's
-    verify_section = {k: v for k, v in config_dict(cfg.verify).items() if k != "engine"}
+    # verify's section for its prompt selection; where and in what verify decodes (engine, dtype) is not benchmark's
+    verify_section = {**{k: v for k, v in config_dict(cfg.verify).items() if k not in ("engine", "dtype")},
+                      **mtbench_selection(cfg.verify.categories, cfg.verify.num_prompts)}
     section = {"benchmark": config_dict(settings), "serve": config_dict(cfg.serve), "verify": verify_section,
                **({"attempt": attempt} if attempt > 1 else {})}
     if spec_url or baseline_url:   # a server run by someone else may change under the same URL: always measure

@@ -43,6 +43,7 @@ from steps.lib.data.prompts import (
     humaneval_prompts,
     in_distribution_prompts,
     load_mtbench,
+    mtbench_selection,
     second_turn_prompts,
 )
 from steps.lib.formats.sglang import sglang_layer_ids
@@ -215,7 +216,8 @@ def verify_section(cfg: PipelineConfig) -> dict[str, Any]:
     if cfg.verify.engine == "server":      # which engine served it, with which draft flags, is what was measured
         section["served_by"] = {k: getattr(cfg.serve, k) for k in ("engine", "eagle_topk", "num_draft_tokens")}
     # the chain length is serve's (one field); in the id under its old name, so ids measured before stay
-    return {**section, "num_steps": cfg.serve.num_steps}
+    return {**section, "num_steps": cfg.serve.num_steps,
+            **mtbench_selection(cfg.verify.categories, cfg.verify.num_prompts)}
 
 
 def second_turn(cfg: PipelineConfig, tokenizer: Any, first: list[Prompt], plain_first: list[Output]) -> list[Prompt]:

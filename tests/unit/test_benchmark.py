@@ -57,7 +57,7 @@ def test_benchmark_json_has_speed_tau_latency_settings_servers_and_hardware(benc
     assert m.kind == "benchmark" and m.inputs == {"export": bench["export_id"], "target": bench["target_id"]}
     report = json.loads(store.fetch_file("benchmark", m.id, "benchmark.json").read_text())
     assert report["settings"]["batch_sizes"] == [1, 4] and report["settings"]["temperatures"] == [0.0]
-    assert report["prompts"] == ["mtbench-81", "mtbench-82", "humaneval-0", "humaneval-1", "humaneval-2",
+    assert report["prompts"] == ["mtbench-81", "mtbench-91", "humaneval-0", "humaneval-1", "humaneval-2",
                                  "humaneval-3"]
     spec, base = report["servers"]["speculative"], report["servers"]["baseline"]
     assert spec["version"].startswith("reference-") and spec["speculative_algorithm"] == "EAGLE3"
@@ -133,5 +133,5 @@ def test_pinned_prompts_are_deterministic_and_match_verify_selection(bench):
     tok = AutoTokenizer.from_pretrained(bench["target_dir"])
     s = BenchmarkConfig(num_code_prompts=2)
     a, b = benchmark.pinned_prompts(bench["cfg"], s, tok), benchmark.pinned_prompts(bench["cfg"], s, tok)
-    assert a == b and [p["id"] for p in a] == ["mtbench-81", "mtbench-82", "humaneval-0", "humaneval-1"]
+    assert a == b and [p["id"] for p in a] == ["mtbench-81", "mtbench-91", "humaneval-0", "humaneval-1"]
     assert [(p["id"], p["input_ids"]) for p in a[:2]] == prompts.held_out_prompts(bench["cfg"], tok)

@@ -37,6 +37,23 @@ def test_mtbench_has_80_questions_and_filters_categories():
         P.load_mtbench(categories=["cooking"])
 
 
+def test_a_few_mtbench_questions_span_the_categories_in_turn():
+    """The file lists the questions category by category: a limit takes each category's first question in turn,
+    then each one's second, so 10 questions cover all eight, not writing alone; a full set keeps the file's order."""
+    rows = P.load_mtbench()
+    ten = P.load_mtbench(limit=10)
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    assert len(categories) == 8 and [r["category"] for r in ten] == categories + categories[:2]
+    assert [r["id"] for r in ten[:8]] == [next(r["id"] for r in rows if r["category"] == c) for c in categories]
+    assert [r["id"] for r in P.load_mtbench(limit=80)] == [r["id"] for r in rows]
+    two = P.load_mtbench(categories=["math", "coding"], limit=3)
+    assert [r["category"] for r in two] == ["math", "coding", "math"]
+    # an id that hashes the selection changes only where the picking differs from the file's first questions
+    assert P.mtbench_selection(None, 10) == {"mtbench_selection": "round_robin_by_category"}
+    assert P.mtbench_selection(["writing"], 8) == P.mtbench_selection(None, 80) == P.mtbench_selection(None, None) \
+        == P.mtbench_selection(None, 1) == {}
+
+
 def test_humaneval_prompts_ask_to_complete_a_function():
     rows = P.load_humaneval()
     assert len(rows) == 164

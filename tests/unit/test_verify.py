@@ -134,7 +134,7 @@ def test_held_out_prompts_are_chat_templated_mtbench_first_turns(world):
 
     tok = AutoTokenizer.from_pretrained(target_dir(world["store"], world["target_id"]))
     prompts = held_out_prompts(world["cfg"], tok)
-    assert [pid for pid, _ in prompts] == ["mtbench-81", "mtbench-82"]
+    assert [pid for pid, _ in prompts] == ["mtbench-81", "mtbench-91"]       # writing, then roleplay
     text = tok.decode(prompts[0][1])
     assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
 
@@ -172,8 +172,10 @@ def with_verify(cfg, **changes):
 def test_new_verify_fields_at_their_defaults_leave_the_verify_id_as_it_was(world):
     cfg = world["cfg"]
     # the section the id hashed before turns, chain lengths, batching, ties and intervals existed
+    # (and the rule that picked a subset of MT-bench round its categories, where it picked other questions)
     assert set(verify.verify_section(cfg)) == {"num_prompts", "max_new_tokens", "categories",
-                                               "in_distribution_prompts", "num_steps"}
+                                               "in_distribution_prompts", "num_steps", "mtbench_selection"}
+    assert "mtbench_selection" not in verify.verify_section(with_verify(cfg, num_prompts=1))
     assert verify.verify_section(with_verify(cfg, batch_size=8)) == verify.verify_section(cfg)
     assert verify.verify_section(with_verify(cfg, turns=2))["turns"] == 2
 

@@ -107,7 +107,9 @@ def load_sharegpt() -> list[dict[str, Any]]:
 
 
 def load_mtbench(categories: list[str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-    """The 80 MT-bench questions (held out for evaluation): first turn as the prompt, both turns kept."""
+    """The 80 MT-bench questions (held out for evaluation): first turn as the prompt, both turns kept. With a
+    `limit` below their number, the first question of each category in turn, then the second, ...: the file
+    lists them category by category, so its first 10 would all be writing and say nothing of the other seven."""
     rows = [json.loads(line) for line in package_file(*MTBENCH_FILE).read_text().splitlines() if line.strip()]
     known = sorted({r["category"] for r in rows})
     unknown = sorted(set(categories or []) - set(known))
@@ -119,7 +121,21 @@ def load_mtbench(categories: list[str] | None = None, limit: int | None = None) 
             continue
         p = _prompt(f"mtbench-{r['question_id']}", "mtbench", r["turns"][0])
         out.append({**p, "category": r["category"], "turns": list(r["turns"])})
-    return out[:limit] if limit is not None else out
+    if limit is None or limit >= len(out):
+        return out
+    by_category: dict[str, list[dict[str, Any]]] = {}
+    for q in out:
+        by_category.setdefault(q["category"], []).append(q)
+    in_turn = [qs[i] for i in range(max(map(len, by_category.values()))) for qs in by_category.values() if i < len(qs)]
+    return in_turn[:limit]
+
+
+def mtbench_selection(categories: list[str] | None, limit: int | None) -> dict[str, str]:
+    """What an artifact id adds for the MT-bench questions `load_mtbench` picks: nothing where they are the file's
+    first `limit` (every id measured before the picking went round the categories stays), else the rule."""
+    spread = [q["id"] for q in load_mtbench(categories, limit)]
+    first = [q["id"] for q in load_mtbench(categories)][:len(spread)]
+    return {} if spread == first else {"mtbench_selection": "round_robin_by_category"}
 
 
 def held_out_prompts(cfg: PipelineConfig, tokenizer: Any) -> list[tuple[str, list[int]]]:
