@@ -211,7 +211,8 @@ def paired_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], 
                               f"({len(a[k])} against {len(b[k])}); a paired difference needs the same ones")
         keys = sorted(a[k])
         ha, hb = [a[k][key] for key in keys], [b[k][key] for key in keys]
-        difference[str(k)] = {"tau": pooled_tau(ha) - pooled_tau(hb), "ours": pooled_tau(ha), "theirs": pooled_tau(hb),
+        ours_tau, theirs_tau = pooled_tau(ha), pooled_tau(hb)
+        difference[str(k)] = {"tau": ours_tau - theirs_tau, "ours": ours_tau, "theirs": theirs_tau,
                               "prompts": len(keys),
                               "interval": tau_difference_interval(ha, hb, seed=seed, samples=samples)}
     return difference

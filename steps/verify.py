@@ -259,20 +259,20 @@ def measure_mtbench(cfg: PipelineConfig, decoding: Decoding, tokenizer: Any, pro
     if v.chain_lengths is not None:
         metrics["by_chain_length"] = {str(k): m for k, m in by_k.items()}
     served = [r for r in all_rows if r["num_steps"] == cfg.serve.num_steps]
-    metrics["tau_by_category"] = tau_by_category(cfg, served, seed=cfg.seed, samples=v.bootstrap_samples)
+    metrics["tau_by_category"] = tau_by_category(cfg, served)
     return metrics, all_rows
 
 
-def tau_by_category(cfg: PipelineConfig, rows: list[dict[str, Any]], *, seed: int, samples: int
-                    ) -> dict[str, dict[str, Any]]:
+def tau_by_category(cfg: PipelineConfig, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """τ of each MT-bench category (both turns of its questions) with its interval, from records at one k: where
     the draft lags (math, roleplay, ...) says which prompts the training data lacks."""
     category = {q["id"]: q["category"] for q in load_mtbench(cfg.verify.categories, cfg.verify.num_prompts)}
     groups: dict[str, list[list[int]]] = {}
     for r in rows:
         groups.setdefault(category[r["id"].removesuffix("-turn2")], []).append(r["accept_histogram"])
-    return {name: {"tau": pooled_tau(histograms), "tau_interval": tau_interval(histograms, seed=seed, samples=samples),
-                   "prompts": len(histograms)} for name, histograms in sorted(groups.items())}
+    return {name: {"tau": pooled_tau(histograms), "prompts": len(histograms),
+                   "tau_interval": tau_interval(histograms, seed=cfg.seed, samples=cfg.verify.bootstrap_samples)}
+            for name, histograms in sorted(groups.items())}
 
 
 def outside_vocab_share(rows: list[dict[str, Any]]) -> dict[str, float]:
