@@ -114,6 +114,10 @@ def test_the_servers_it_started_are_stopped_and_a_rerun_reuses_the_artifact(benc
     assert launching.health_status(f"{spec_url}/health", timeout_s=2) is None
     again = benchmark.run(bench["cfg"], bench["store"], bench["export_id"], bench["target_id"])
     assert again.id == m.id and again.created == m.created
+    # the dtype verify decodes in is verify's, not what the benchmark measured: the same artifact
+    cfg = bench["cfg"]
+    bf16 = cfg.model_copy(update={"verify": cfg.verify.model_copy(update={"dtype": "bfloat16"})})
+    assert benchmark.run(bf16, bench["store"], bench["export_id"], bench["target_id"]).id == m.id
 
 
 def test_main_prints_the_benchmark_record_of_the_same_measurement(bench, tmp_path, capsys):
