@@ -11,7 +11,10 @@ call with the same key whose artifact still exists (its manifest is there) is an
 the parent, marked `"reused": true` with 0 seconds, without starting a child.
 
 Which calls may be answered so:
-- target, datagen, extract, mapping, train, export, verify: their artifact is a function of the key;
+- target, extract, mapping, train, export, verify: their artifact is a function of the key;
+- never datagen: its artifact also depends on where it runs (a GPU's target writes in bf16, a CPU's in
+  float32: other texts, another id, `steps.datagen.decoding`), which the parent does not know. Its child
+  plans the id on its own device and returns the stored dataset when there is one;
 - benchmark without `spec_url` / `baseline_url` (servers the step starts itself; an external server
   may change behind the same URL, so it is always measured), first attempt only;
 - serve, only when that benchmark is answered from the index: serve's artifact is a fresh server start
@@ -36,7 +39,7 @@ from steps.lib.store import ID_SCHEMA, Store, canonical_json
 
 INDEX_PREFIX = "calls"
 #: steps whose record is a function of the call key
-PURE = frozenset({"target", "datagen", "extract", "mapping", "train", "export", "verify"})
+PURE = frozenset({"target", "extract", "mapping", "train", "export", "verify"})
 
 
 def deciding_call(step: str, options: dict[str, Any],

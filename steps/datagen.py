@@ -7,7 +7,8 @@ it is served in (greedy by default), not what some other model once answered: tr
 answers is the cheapest way to a low acceptance rate that no check notices (F9).
 
 Generation runs in-process (`local`: the batched decode loop of `steps/lib/model/decode.py`, finished rows leaving
-the batch, as many torch threads as the machine's load leaves free) or
+the batch, as many torch threads as the machine's load leaves free, in float32; on a GPU the decode engine of
+`steps/lib/model/decode_engine.py` in bf16, the served dtype, which is then part of the dataset's id) or
 against any OpenAI-compatible server (`openai`: /v1/chat/completions, `concurrency` threads, each
 request retried with doubling waits). No prompt is dropped silently: one that still fails makes the
 step fail naming how many and why, and the answers so far stay staged, so the next run asks only for
@@ -38,7 +39,7 @@ from typing import Any
 
 import torch
 
-from steps.lib.artifacts import conversations_path, inference_device, load_target, load_tokenizer
+from steps.lib.artifacts import conversations_path, inference_device, load_target, load_tokenizer, target_config
 from steps.lib.config import DatagenConfig, PipelineConfig, SyntheticConfig
 from steps.lib.data.chat import chat_token_ids, tokenize_conversation
 from steps.lib.data.prompts import benchmark_index, source_files_sha256, training_prompts
@@ -77,8 +78,10 @@ SYNTHETIC_DIR = "synthetic"
 PERFORMANCE_KNOBS = ("batch_size", "concurrency", "server_url", "retries", "retry_backoff_s")
 
 
-def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_prompts: int) -> dict[str, Any]:
-    """What determines the dataset besides the target: configs, seed, chunking and the prompts' content."""
+def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_prompts: int, *,
+                     dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """What determines the dataset besides the target: configs, seed, chunking, the prompts' content and the
+    dtype the target decodes them in (`answer_dtype`; None for a server)."""
     digest = hashlib.sha256(canonical_json(prompts).encode()).hexdigest()
     # Where a server lives is not what the dataset is (and a URL may carry credentials): never in the id.
     datagen = cfg.datagen.model_dump(mode="json", exclude={"server_url"})
@@ -91,6 +94,11 @@ def dataset_identity(cfg: PipelineConfig, prompts: list[dict[str, Any]], chunk_p
             datagen.pop(knob, None)
     identity = {"dataset": _without_neutral_defaults(cfg, datagen), "datagen": datagen,
                 "seed": cfg.seed, "chunk_prompts": chunk_prompts, "prompts_sha256": digest}
+    if dtype is not None and dtype != torch.float32:
+        # bf16 answers (the engine on a GPU) are other texts than float32 ones (~2 % of argmaxes differ on
+        # SmolLM2-135M, benchmarks/dtype_flips.py): a store shared by CPU and GPU workers must not reuse one as
+        # the other. float32 stays out, so ids of datasets made on CPUs (and before this field) stay.
+        identity["answer_dtype"] = str(dtype).removeprefix("torch.")
     files = source_files_sha256(cfg.dataset)    # local `file` sources: their bytes, not only their parse
     return {**identity, "files_sha256": files} if files else identity
 
@@ -126,17 +134,22 @@ def stop_token_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def resolve_decoder(choice: str, model: Any) -> str:
-    """`datagen.decoder` for this model: `auto` is the engine on a GPU for a model type it supports."""
+def resolve_decoder(choice: str, device: str, model_type: str | None) -> str:
+    """`datagen.decoder` on `device` for a target of `model_type`: `auto` is the engine on a GPU for a model
+    type it supports, else the loop."""
     if choice != "auto":
         return choice
-    on_gpu = next(model.parameters()).device.type == "cuda"
-    return "engine" if on_gpu and model.config.model_type in ENGINE_MODEL_TYPES else "loop"
+    return "engine" if device.startswith("cuda") and model_type in ENGINE_MODEL_TYPES else "loop"
 
 
 def engine_dtype(device: str) -> torch.dtype:
     """The engine's dtype: bfloat16 on a GPU (what production serves), float32 on the CPU (deterministic)."""
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def answer_dtype(decoder: str, device: str) -> torch.dtype:
+    """The dtype the target writes prompts and answers in: the engine's, else the loop's float32."""
+    return engine_dtype(device) if decoder == "engine" else torch.float32
 
 
 def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: DatagenConfig,
@@ -146,7 +159,7 @@ def generate_local(model: Any, tokenizer: Any, batch: list[list[int]], dg: Datag
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     temperature = dg.temperature if temperature is None else temperature
     generator = sampling_generator(model, seed) if temperature > 0 else None
-    if resolve_decoder(dg.decoder, model) == "engine":
+    if resolve_decoder(dg.decoder, next(model.parameters()).device.type, model.config.model_type) == "engine":
         answers = decode_engine(model, batch, dg.max_new_tokens, stops, pad, temperature=temperature,
                                 generator=generator, slots=dg.batch_size)
     else:
@@ -382,6 +395,17 @@ def with_samples(prompts: list[dict[str, Any]], dg: DatagenConfig) -> list[dict[
     return prompts + extra
 
 
+def decoding(cfg: PipelineConfig, store: Store, target_id: str, device: str) -> tuple[str | None, torch.dtype | None]:
+    """How the target will write this dataset on `device`: (decoder, dtype), or (None, None) for a server.
+    Known before anything is decoded, so the dtype can be part of the id that decides reuse."""
+    if cfg.datagen.backend != "local":
+        return None, None
+    # only a GPU's `auto` depends on the model type (the CPU's is the loop): no fetch of the target on a CPU
+    model_type = target_config(store, target_id).get("model_type") if device.startswith("cuda") else None
+    decoder = resolve_decoder(cfg.datagen.decoder, device, model_type)
+    return decoder, answer_dtype(decoder, device)
+
+
 def answer_temperature(prompt: dict[str, Any], dg: DatagenConfig) -> float:
     """The temperature a prompt is answered at: an extra sample's own (`with_samples`), else the config's."""
     return prompt.get("temperature", dg.temperature)
@@ -397,18 +421,18 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
     prompts = with_samples(offline, cfg.datagen)
     # a chunk holds at least one full batch (a GPU decodes hundreds of rows at once)
     chunk_prompts = chunk_prompts or max(CHUNK_PROMPTS, cfg.datagen.batch_size)
+    local = cfg.datagen.backend == "local"
+    device = inference_device()
+    decoder, dtype = decoding(cfg, store, target_id, device)
     # synthetic prompts are a function of the config, the seed and the target (an input of the id)
-    identity = dataset_identity(cfg, prompts, chunk_prompts)
+    identity = dataset_identity(cfg, prompts, chunk_prompts, dtype=dtype)
     did = artifact_id("dataset", identity, {"target": target_id})
     if store.exists("dataset", did):
         return store.manifest("dataset", did)
-    local = cfg.datagen.backend == "local"
-    device = inference_device() if local else None
     model, tokenizer = (load_target(store, target_id, device=device) if local
                         else (None, load_tokenizer(store, target_id)))
-    decoder = resolve_decoder(cfg.datagen.decoder, model) if local else None
-    if decoder == "engine":
-        model = model.to(engine_dtype(device))
+    if local:
+        model = model.to(dtype)
     served = "" if local else served_model_name(str(cfg.datagen.server_url), cfg.target.display_name)
     writer = store.begin("dataset", did, step="datagen", inputs={"target": target_id}, config=identity)
     synthetic, written = synthetic_prompts(cfg, writer, model, tokenizer, chunk_prompts)
@@ -437,9 +461,10 @@ def run(cfg: PipelineConfig, store: Store, target_id: str, *, chunk_prompts: int
                            f"long, {metrics['empty']} empty)")
     # the device a local backend decoded on: its generator draws the sampled answers (`sampling_generator`)
     # and the decoder and dtype it ran (bf16 answers differ from float32 ones: they are the served target's)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if local else None
+    ran = str(next(model.parameters()).dtype).removeprefix("torch.") if local else None
     return writer.commit(metrics={**metrics, "answers_needed": answers_needed(cfg)},
-                         meta={"backend": cfg.datagen.backend, "device": device, "decoder": decoder, "dtype": dtype,
+                         meta={"backend": cfg.datagen.backend, "device": device if local else None,
+                               "decoder": decoder, "dtype": ran,
                                "chunks": len(chunk_stats),
                                "size_warning": size_warning(metrics["ok"], cfg, what="datagen")})
 
@@ -494,4 +519,5 @@ if __name__ == "__main__":
 
 __all__ = ["run", "main", "tokenize_conversation", "answer_chunk", "generate_chunk", "generate_local", "with_samples",
            "MissingAnswers",
-           "generate_openai", "stop_token_ids", "dataset_identity", "resolve_decoder", "engine_dtype"]
+           "generate_openai", "stop_token_ids", "dataset_identity", "resolve_decoder", "engine_dtype",
+           "answer_dtype"]

@@ -104,8 +104,11 @@ def target_dir(store: Store, target_id: str) -> Path:
 
 
 def target_config(store: Store, target_id: str) -> dict[str, Any]:
-    """The target's config.json."""
-    return json.loads((target_dir(store, target_id) / "config.json").read_text())
+    """The target's config.json: from a remote store that one file alone (not the weights), verified."""
+    m = store.manifest("target", target_id)
+    if m.meta.get("source") == "hf_dir":
+        return json.loads((target_dir(store, target_id) / "config.json").read_text())
+    return json.loads(store.fetch_file("target", target_id, "config.json", m).read_text())
 
 
 def load_tokenizer(store: Store, target_id: str) -> Any:

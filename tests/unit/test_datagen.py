@@ -17,8 +17,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 from steps import datagen as D  # noqa: E402
 from steps.lib import artifacts
 from steps.lib.config import InputError, load_config  # noqa: E402
+from steps.lib.data.prompts import training_prompts  # noqa: E402
 from steps.lib.errors import ConfigError  # noqa: E402
-from steps.lib.store import open_store, sha256_file  # noqa: E402
+from steps.lib.store import artifact_id, open_store, sha256_file  # noqa: E402
 from tests.conftest import TINY_PRETRAIN  # noqa: E402
 
 PROMPTS = ["What does `json.dumps` do? Explain briefly.", "Name three colors.", "Who are you?",
@@ -133,10 +134,34 @@ def test_the_engine_decoder_gives_the_loops_dataset_on_the_cpu(tiny, clean_run, 
     assert rows == [r["messages"] for r in artifacts.read_conversations(store, loop.id)]
 
 
-def test_auto_decoder_is_the_loop_on_the_cpu(tiny):
-    _, _, model, _ = tiny
-    assert D.resolve_decoder("auto", model) == "loop" and D.resolve_decoder("engine", model) == "engine"
+def test_auto_decoder_is_the_bf16_engine_on_a_gpu_only():
+    assert D.resolve_decoder("auto", "cpu", "llama") == "loop"
+    assert D.resolve_decoder("auto", "cuda", "llama") == "engine"
+    assert D.resolve_decoder("auto", "cuda", "deepseek_v3") == "loop"     # a layout the engine does not run
+    assert D.resolve_decoder("engine", "cpu", None) == "engine" and D.resolve_decoder("loop", "cuda", "llama") == "loop"
     assert D.engine_dtype("cpu") == torch.float32 and D.engine_dtype("cuda") == torch.bfloat16
+    assert D.answer_dtype("engine", "cuda") == torch.bfloat16
+    assert D.answer_dtype("loop", "cuda") == D.answer_dtype("engine", "cpu") == torch.float32
+
+
+def test_a_gpus_bf16_answers_never_reuse_a_cpus_dataset(tiny, clean_run):
+    """One store, one config, a CPU worker then a GPU worker: the GPU's datagen must not take the CPU's float32
+    texts as its bf16 ones. The id `run` reuses by is planned from where it runs (`decoding`); on the CPU it is
+    the committed dataset's, on a GPU another (the target read from the store: the tiny target is a llama)."""
+    store, tid, path, m = clean_run
+    cfg = cfg_for(path)
+    prompts = D.with_samples(training_prompts(cfg.dataset, cfg.seed, cfg.datagen.max_prompt_tokens)[0], cfg.datagen)
+
+    def planned_id(device):
+        _, dtype = D.decoding(cfg, store, tid, device)
+        return artifact_id("dataset", D.dataset_identity(cfg, prompts, CHUNK, dtype=dtype), {"target": tid})
+
+    assert D.decoding(cfg, store, tid, "cuda") == ("engine", torch.bfloat16)
+    assert D.decoding(cfg, store, tid, "cpu") == ("loop", torch.float32)
+    assert planned_id("cpu") == m.id and planned_id("cuda") != m.id
+    # a server writes what it writes, wherever datagen runs: no dtype of ours in its id
+    served = cfg_for(path, "datagen.backend=openai", "datagen.server_url=http://127.0.0.1:9")
+    assert D.decoding(served, store, tid, "cuda") == (None, None)
 
 
 def test_datagen_is_greedy_deterministic_and_reused(tiny, clean_run):

@@ -63,6 +63,15 @@ def test_serve_is_answered_only_when_its_benchmark_is_and_the_gate_never(world):
     assert reuse.resolve(store, "gate", cfg, {**inputs, "benchmark": "b"}, {"spec_url": None}) == (None, None)
 
 
+def test_datagen_is_never_answered_in_the_parent(world):
+    """A CPU worker's dataset is float32 text, a GPU worker's bf16 (another id): the parent cannot tell which
+    worker the call lands on, so datagen always runs its child, which plans the id where it runs."""
+    store, cfg, record, _ = world
+    inputs = {"target": record["id"]}
+    assert reuse.resolve(store, "datagen", cfg, inputs, {}) == (None, None)
+    assert reuse.resolve(store, "mapping", cfg, {**inputs, "dataset": "d"}, {})[1] is not None   # the others are
+
+
 def test_removing_the_store_root_forgets_everything(world, tmp_path):
     store, cfg, record, root = world
     copy = tmp_path / "copy"

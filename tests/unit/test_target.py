@@ -199,3 +199,20 @@ def test_smollm2_converts_and_knows_paris(tmp_path):
     assert artifacts.target_config(store, m.id)["num_hidden_layers"] == 30
     weights = artifacts.target_dir(store, m.id) / "model.safetensors"
     assert sha256_file(weights) == m.file("model.safetensors")["sha256"]
+
+
+def test_the_target_config_comes_alone_from_a_remote_store(tmp_path, s3_endpoint):
+    """Planning a step on a fresh worker (datagen's dtype, the vocab size, export's config) reads config.json,
+    not gigabytes of weights: from an S3 store only that file reaches the worker's cache, verified."""
+    import uuid
+
+    from tests.conftest import S3_BUCKET
+
+    uri = f"s3://{S3_BUCKET}/{uuid.uuid4().hex}"
+    m = T.run(tiny_cfg(), open_store(uri, cache_dir=tmp_path / "made", endpoint_url=s3_endpoint))
+    fresh = open_store(uri, cache_dir=tmp_path / "fresh", endpoint_url=s3_endpoint)
+    config = artifacts.target_config(fresh, m.id)
+    assert config["model_type"] == "llama" and config["hidden_size"] == tiny_cfg().target.tiny.hidden_size
+    cached = sorted(p.name for p in (tmp_path / "fresh").rglob("*") if p.is_file())
+    assert cached == ["config.json"], cached
+    assert config == json.loads((fresh.fetch("target", m.id) / "config.json").read_text())

@@ -186,7 +186,8 @@ class DatagenConfig(Section):
     retry_backoff_s: NonNegative = 1.0
     #: `local` backend's decoder: `loop` (steps/lib/model/decode.py, float32), `engine` (static KV cache, CUDA
     #: graphs, `batch_size` slots refilled as rows finish; bfloat16 on a GPU, the served dtype), `auto`: the
-    #: engine on a GPU for a Llama-family target, else the loop. `auto` stays out of the dataset id.
+    #: engine on a GPU for a Llama-family target, else the loop. `auto` stays out of the dataset id; the dtype
+    #: it resolves to is in it when that is bfloat16 (a GPU's answers are not a CPU's).
     decoder: Literal["auto", "loop", "engine"] = "auto"
     #: user turns per conversation: 2 has the target write a second user turn after its first answer
     #: (`dataset.synthetic`) and answer it, turn by turn; the loss covers both answers.
