@@ -45,10 +45,14 @@ def spawn(argv: Sequence[str], *, log_path: str | Path, env: Mapping[str, str] |
     `env` is the complete environment (None: this process's)."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    # held from the fork to `track`: a reaper running in the main thread meanwhile waits until this child is
+    # remembered, rather than die with it unknown (a server left running in its own session, port held)
+    with _spawning, log_path.open("ab") as log:
+        if _closing:
+            raise ShuttingDown(f"{argv[0]}: not started, this process is being stopped")
         process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
-    return track(process, group=True)
+        return track(process, group=True)
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:
@@ -154,6 +158,8 @@ REAPED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # copy is atomic under the GIL), so the handler cannot deadlock on a lock the interrupted code holds
 _children: dict[int, tuple[subprocess.Popen, bool]] = {}
 _children_lock = threading.Lock()
+# re-entrant: the reaper runs in the main thread, which may itself be inside `spawn` when the signal lands
+_spawning = threading.RLock()
 _closing = False
 _installed: dict[signal.Signals, object] = {}
 
@@ -211,7 +217,9 @@ def stop_children() -> None:
     """Stop every child started or tracked by this process, from any thread, and refuse new ones."""
     global _closing
     _closing = True
-    _stop(list(_children.values()))
+    with _spawning:     # a child another thread is starting now is remembered (or refused) before the snapshot
+        entries = list(_children.values())
+    _stop(entries)
     with _children_lock:
         _children.clear()
 
@@ -237,9 +245,10 @@ def install_reaper() -> None:
 
 def _forget_in_child() -> None:
     """After fork: the parent's children are not ours to stop, nor its exit handlers ours to run on a signal."""
-    global _children_lock, _closing
+    global _children_lock, _spawning, _closing
     _children.clear()
     _children_lock = threading.Lock()
+    _spawning = threading.RLock()
     _closing = False
     for sig, before in list(_installed.items()):
         try:
